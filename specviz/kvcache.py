@@ -1,0 +1,164 @@
+"""KV cache bookkeeping for tree verification on transformers' own models and caches.
+
+specviz runs the model classes of ``transformers`` unchanged. What it adds is how a
+draft tree goes through them and what stays in the cache afterwards:
+
+* :func:`forward_tokens` - one forward of new tokens on top of a ``DynamicCache`` with
+  explicit position ids and an explicit 4D mask (the tree mask), returning fp32 logits;
+* :func:`compact_cache` - after acceptance keep, per batch row, the committed prefix
+  plus the accepted path: the path's entries are copied into place right after the
+  row's prefix and the cache is narrowed; nothing before the prefix end is touched or
+  recomputed, and nothing from rejected nodes survives in the valid region;
+* :func:`crop_cache`, :func:`select_rows`, :func:`cache_length`.
+
+Batch layout: cache slot ``s`` of row ``b`` is valid iff ``s < prefix_lens[b]``. Rows
+with shorter prefixes carry stale (always finite) entries up to the common length,
+which their attention masks hide. Masks are passed to the model as additive float
+tensors in the model's dtype (0 where a query may attend, the dtype's minimum where it
+may not), the form every attention implementation of transformers accepts.
+
+Dimension legend: B = batch rows, N = new tokens this forward, S = cache slots before
+the forward, H = key/value heads, D = head size, V = vocabulary, M = kept path length.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from transformers import DynamicCache
+
+__all__ = [
+    "new_cache",
+    "cache_length",
+    "crop_cache",
+    "select_rows",
+    "compact_cache",
+    "additive_mask",
+    "forward_tokens",
+]
+
+
+def new_cache(model) -> DynamicCache:
+    """An empty ``DynamicCache`` laid out for ``model`` (a transformers causal LM).
+
+    Raises:
+        ValueError: if the model uses sliding-window layers, whose caches drop old
+            entries and cannot be compacted slot by slot.
+    """
+    cache = DynamicCache(config=model.config)
+    sliding = [i for i, layer in enumerate(cache.layers) if getattr(layer, "is_sliding", False)]
+    if sliding:
+        raise ValueError(
+            f"model layers {sliding[:5]} use sliding-window attention; specviz's tree verification "
+            "needs full-attention KV caches"
+        )
+    return cache
+
+
+def cache_length(cache: DynamicCache) -> int:
+    """Number of slots currently held (the same in every layer)."""
+    return int(cache.get_seq_length())
+
+
+def _layers(cache: DynamicCache):
+    return [layer for layer in cache.layers if layer.is_initialized and layer.keys is not None
+            and layer.keys.numel() > 0]
+
+
+def crop_cache(cache: DynamicCache, length: int) -> None:
+    """Keep the first ``length`` slots of every layer (a view; no copy)."""
+    if length < 0:
+        raise ValueError(f"length must be >= 0, got {length}")
+    for layer in _layers(cache):
+        layer.keys = layer.keys[:, :, :length]
+        layer.values = layer.values[:, :, :length]
+
+
+def select_rows(cache: DynamicCache, rows: Sequence[int]) -> None:
+    """Keep only batch rows ``rows`` (in that order)."""
+    index = torch.as_tensor(list(rows), dtype=torch.long)
+    for layer in _layers(cache):
+        layer.keys = layer.keys.index_select(0, index.to(layer.keys.device))
+        layer.values = layer.values.index_select(0, index.to(layer.values.device))
+
+
+@torch.no_grad()
+def compact_cache(cache: DynamicCache, dst_start: Sequence[int], src_slots: Sequence[Sequence[int]],
+                  new_length: int) -> None:
+    """Move each row's kept entries into place and narrow the cache to ``new_length``.
+
+    Row ``b`` gets ``cache[b, :, src_slots[b][j]]`` written to slot ``dst_start[b] + j``.
+    Every ``src_slots[b][j] >= dst_start[b] + j`` (entries only move left), and the copy
+    goes through a gathered temporary, so overlapping ranges are safe.
+
+    Args:
+        cache: the cache, modified in place.
+        dst_start: ``(B,)`` first destination slot per row (its committed prefix length).
+        src_slots: per row, the non-empty list of slots to keep, in order.
+        new_length: slots to keep afterwards (at least ``max(dst_start[b] + len(src_slots[b]))``).
+    """
+    rows = len(src_slots)
+    if rows != len(dst_start):
+        raise ValueError(f"got {len(dst_start)} destination starts for {rows} rows")
+    if any(len(s) == 0 for s in src_slots):
+        raise ValueError("every row must keep at least one slot")
+    m = max(len(s) for s in src_slots)
+    # Pad short rows by repeating their last pair: a duplicate write of the same value.
+    src = torch.tensor([list(s) + [s[-1]] * (m - len(s)) for s in src_slots], dtype=torch.long)  # (B, M)
+    dst = torch.tensor([[d + min(j, len(s) - 1) for j in range(m)] for d, s in zip(dst_start, src_slots)],
+                       dtype=torch.long)  # (B, M)
+    if bool((dst >= new_length).any()):
+        raise ValueError(f"new_length {new_length} is shorter than the kept entries")
+    if all(list(s) == list(range(d, d + len(s))) for d, s in zip(dst_start, src_slots)):
+        crop_cache(cache, new_length)  # every path is already in place (e.g. a chain)
+        return
+    for layer in _layers(cache):
+        for name in ("keys", "values"):
+            kv = getattr(layer, name)  # (B, H, S, D)
+            h, d = kv.shape[1], kv.shape[3]
+            s_idx = src.to(kv.device)[:, None, :, None].expand(rows, h, m, d)  # (B, H, M, D)
+            d_idx = dst.to(kv.device)[:, None, :, None].expand(rows, h, m, d)
+            moved = kv.gather(2, s_idx)  # (B, H, M, D)
+            kv.scatter_(2, d_idx, moved)
+            setattr(layer, name, kv[:, :, :new_length])
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Boolean ``(B, N, K)`` "may attend" mask -> additive ``(B, 1, N, K)`` float mask."""
+    if allowed.dtype != torch.bool or allowed.dim() != 3:
+        raise ValueError(f"allowed must be a bool (B, N, K) tensor, got {allowed.dtype} {tuple(allowed.shape)}")
+    out = torch.zeros(allowed.shape, dtype=dtype)
+    out.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return out[:, None]  # (B, 1, N, K)
+
+
+@torch.no_grad()
+def forward_tokens(model, cache: DynamicCache, tokens: torch.Tensor, position_ids: torch.Tensor,
+                   allowed: torch.Tensor | None) -> torch.Tensor:
+    """Run ``model`` on new ``tokens`` after the cached slots; the cache grows by N.
+
+    Args:
+        model: a transformers causal LM.
+        cache: its ``DynamicCache`` holding ``S`` slots per row.
+        tokens: ``(B, N)`` token ids.
+        position_ids: ``(B, N)`` rotary positions.
+        allowed: ``(B, N, S + N)`` bool, True where a query may attend; None means plain
+            causal attention over the whole cache (every slot valid).
+
+    Returns:
+        ``(B, N, V)`` float32 logits.
+    """
+    s = cache_length(cache)
+    b, n = tokens.shape
+    if position_ids.shape != (b, n):
+        raise ValueError(f"position_ids must have shape {(b, n)}, got {tuple(position_ids.shape)}")
+    mask = None
+    if allowed is not None:
+        if allowed.shape != (b, n, s + n):
+            raise ValueError(f"mask must have shape {(b, n, s + n)} (cache {s} + new {n}), "
+                             f"got {tuple(allowed.shape)}")
+        mask = additive_mask(allowed, model.dtype)
+    out = model(input_ids=tokens, attention_mask=mask, position_ids=position_ids,
+                past_key_values=cache, use_cache=True)
+    return out.logits.float()

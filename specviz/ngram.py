@@ -1,0 +1,374 @@
+"""N-gram drafters: prompt lookup, as a chain or as a trie of several matches.
+
+No model at all: the last ``n`` committed tokens are looked up among the earlier
+context and whatever followed them there is proposed as the draft (Hugging Face's
+``prompt_lookup_num_tokens``, "prompt lookup decoding"; SGLang's NGRAM drafter and
+Lookahead decoding use the same idea, SPECDEC.md section 3). It shines on inputs that
+repeat themselves: code edits, summaries that quote, retrieval answers.
+
+* :class:`NgramIndex` - an incremental table from n-gram to the positions where it
+  ends, updated with only the new tokens when the context grows;
+* :class:`NgramDrafter` - the chain that followed the most recent, longest match;
+* :class:`NgramTrieDrafter` - the continuations of several matches merged into a
+  token trie, i.e. a draft tree.
+
+Both drafters are deterministic: they ignore the sampling configuration, the sibling
+sampling mode and the generator, and leave ``draft_probs`` as ``None`` so every
+verifier treats their proposals as one-hot draft distributions (rule D / greedy).
+
+Continuations are *self-extending*: when a match ends so close to the end of the
+context that fewer than ``k`` tokens follow it, the proposal continues with its own
+tokens, exactly as if the drafted tokens were appended to the context and looked up
+again. A repeating pattern (``a b a b a b``) therefore yields a full-length draft.
+
+Dimension legend: L = committed context length, N = tree nodes including the root.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from specviz.drafters import SIBLING_MODES, Drafter
+from specviz.sampling import SamplingConfig
+from specviz.tree import DraftTree
+
+__all__ = ["NgramMatch", "NgramIndex", "NgramDrafter", "NgramTrieDrafter"]
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return value
+
+
+def _ngram_range(n: int, min_n: int) -> tuple[int, int]:
+    _positive_int("n", n)
+    _positive_int("min_n", min_n)
+    if min_n > n:
+        raise ValueError(f"min_n must be <= n, got min_n={min_n} and n={n}")
+    return n, min_n
+
+
+def _context_tokens(context) -> list[int]:
+    """``(L,)`` integer tensor (or sequence) of committed ids -> Python list."""
+    t = torch.as_tensor(context)
+    if t.dim() != 1:
+        raise ValueError(f"context must be a 1-D sequence of token ids, got shape {tuple(t.shape)}")
+    if t.numel() == 0:
+        raise ValueError("context must hold at least one token (the root of the draft tree)")
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise TypeError(f"context must hold integer token ids, got dtype {t.dtype}")
+    return t.tolist()
+
+
+def _check_sibling_mode(sibling_sampling: str) -> None:
+    if sibling_sampling not in SIBLING_MODES:
+        raise ValueError(f"sibling_sampling must be one of {SIBLING_MODES}, got {sibling_sampling!r}")
+
+
+@dataclass(frozen=True)
+class NgramMatch:
+    """One earlier occurrence of the context's suffix and what followed it.
+
+    Attributes:
+        end: index in the context of the last token of the earlier occurrence.
+        length: how many trailing context tokens it matches (the n of the n-gram).
+        continuation: the proposed tokens, ``context[end + 1:]`` self-extended to the
+            requested length (see the module docstring).
+    """
+
+    end: int
+    length: int
+    continuation: tuple[int, ...]
+
+
+class NgramIndex:
+    """Where every n-gram (``min_n <= n <= max_n``) of a token sequence ends.
+
+    The index covers n-grams whose last token has at least one token after it
+    (end positions ``n - 1 .. L - 2``), so the context's own suffix is never its own
+    match. :meth:`sync` adds only the n-grams ending at new positions when the
+    sequence extends the previous one, and rebuilds from scratch otherwise.
+
+    Args:
+        max_n: longest n-gram indexed.
+        min_n: shortest n-gram indexed.
+    """
+
+    def __init__(self, max_n: int, min_n: int = 1) -> None:
+        self.max_n, self.min_n = _ngram_range(max_n, min_n)
+        self._tokens: list[int] = []
+        # n -> n-gram -> end positions in increasing order (appends keep them sorted)
+        self._tables: dict[int, dict[tuple[int, ...], list[int]]] = {
+            n: {} for n in range(min_n, max_n + 1)
+        }
+        self._n_rebuilds = 0
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    @property
+    def n_rebuilds(self) -> int:
+        """How many times :meth:`sync` had to start over (the sequence was not an extension)."""
+        return self._n_rebuilds
+
+    def sync(self, tokens: Sequence[int]) -> None:
+        """Make the index describe ``tokens`` (Python ints), reusing the work done for its prefix."""
+        old = self._tokens
+        m = len(old)
+        if len(tokens) >= m and list(tokens[:m]) == old:
+            old.extend(tokens[m:])
+            start = m
+        else:
+            self._tokens = list(tokens)
+            for table in self._tables.values():
+                table.clear()
+            self._n_rebuilds += 1
+            start = 0
+        seq = self._tokens
+        last_end = len(seq) - 1  # exclusive: the final token has nothing after it yet
+        for n, table in self._tables.items():
+            # ends up to start - 2 were indexed on the previous call
+            for e in range(max(start - 1, n - 1), last_end):
+                key = tuple(seq[e - n + 1:e + 1])
+                positions = table.get(key)
+                if positions is None:
+                    table[key] = [e]
+                else:
+                    positions.append(e)
+
+    def occurrences(self, n: int, limit: int | None = None) -> tuple[int, ...]:
+        """End positions of earlier occurrences of the last ``n`` tokens, most recent first.
+
+        Args:
+            n: n-gram length, ``min_n <= n <= max_n``.
+            limit: return at most this many (the most recent ones); ``None`` = all.
+        """
+        if not self.min_n <= n <= self.max_n:
+            raise ValueError(f"n must be in [{self.min_n}, {self.max_n}], got {n}")
+        if limit is not None:
+            _positive_int("limit", limit)
+        seq = self._tokens
+        if len(seq) <= n:
+            return ()
+        positions = self._tables[n].get(tuple(seq[-n:]))
+        if not positions:
+            return ()
+        recent = positions if limit is None else positions[-limit:]
+        return tuple(reversed(recent))
+
+    def continuation(self, end: int, k: int) -> tuple[int, ...]:
+        """The ``k`` tokens after position ``end``, self-extended past the context's end.
+
+        Args:
+            end: an end position with ``0 <= end <= L - 2``.
+            k: number of tokens to return.
+        """
+        seq = self._tokens
+        length = len(seq)
+        if not 0 <= end <= length - 2:
+            raise ValueError(f"end must be in [0, {length - 2}] for a context of {length} tokens, got {end}")
+        _positive_int("k", k)
+        out: list[int] = []
+        for j in range(k):
+            i = end + 1 + j
+            # past the context, read the proposal itself: i - length < j since end < length - 1
+            out.append(seq[i] if i < length else out[i - length])
+        return tuple(out)
+
+    def table(self, n: int) -> dict[tuple[int, ...], tuple[int, ...]]:
+        """A copy of the n-gram -> end positions table for length ``n`` (for inspection)."""
+        if not self.min_n <= n <= self.max_n:
+            raise ValueError(f"n must be in [{self.min_n}, {self.max_n}], got {n}")
+        return {key: tuple(pos) for key, pos in self._tables[n].items()}
+
+
+class NgramDrafter(Drafter):
+    """Prompt lookup as a chain: propose what followed the latest, longest match.
+
+    The last ``n`` context tokens are looked up first, then ``n - 1``, ... down to
+    ``min_n``; the first length that has an earlier occurrence wins, and among its
+    occurrences the most recent one (nearest text is usually the most relevant copy,
+    e.g. the version of a function being edited). The ``k`` tokens that followed it
+    form the chain. Without any match the tree is the root alone.
+
+    The draft is deterministic: ``config``, ``sibling_sampling`` and ``generator`` are
+    ignored, ``q`` is 1.0 and ``ranks`` 0 at every node, ``draft_probs`` is ``None``.
+
+    Args:
+        n: longest n-gram tried.
+        k: maximum number of drafted tokens.
+        min_n: shortest n-gram tried.
+    """
+
+    def __init__(self, n: int = 3, k: int = 5, min_n: int = 1) -> None:
+        self.n, self.min_n = _ngram_range(n, min_n)
+        self.k = _positive_int("k", k)
+        self.name = f"ngram(n={n},k={k})"
+        self._index = NgramIndex(n, min_n)
+
+    def lookup(self, context) -> NgramMatch | None:
+        """The match :meth:`draft` would use for ``context`` ``(L,)``, or ``None``."""
+        return self._lookup(_context_tokens(context))
+
+    def _lookup(self, tokens: list[int]) -> NgramMatch | None:
+        self._index.sync(tokens)
+        for n in range(self.n, self.min_n - 1, -1):
+            found = self._index.occurrences(n, limit=1)
+            if found:
+                return NgramMatch(found[0], n, self._index.continuation(found[0], self.k))
+        return None
+
+    def draft(self, context: torch.Tensor, config: SamplingConfig, sibling_sampling: str,
+              generator: torch.Generator | None) -> DraftTree:
+        """Chain of up to ``k`` looked-up tokens rooted at ``context[-1]`` (root only if no match)."""
+        _check_sibling_mode(sibling_sampling)
+        tokens = _context_tokens(context)
+        match = self._lookup(tokens)
+        root = tokens[-1]
+        chain = () if match is None else match.continuation
+        n_nodes = 1 + len(chain)
+        return DraftTree(
+            torch.tensor((root, *chain), dtype=torch.long),
+            torch.arange(-1, n_nodes - 1, dtype=torch.long),
+            q=torch.ones(n_nodes),
+            ranks=torch.zeros(n_nodes, dtype=torch.long),
+        )
+
+    def reset(self) -> None:
+        self._index = NgramIndex(self.n, self.min_n)
+
+
+class NgramTrieDrafter(Drafter):
+    """Several prompt-lookup matches merged into one token trie (a draft tree).
+
+    **Matches.** Up to ``max_matches`` distinct earlier occurrences of the context's
+    suffix are collected, longest n-gram first and, within one length, most recent
+    first; an occurrence found at length n is not counted again at shorter lengths.
+    Each contributes its ``depth``-token continuation (self-extended, see the module
+    docstring).
+
+    **Trie.** Continuations are inserted under the root, sharing common prefixes. A
+    trie node is supported by the matches whose continuation passes through it.
+
+    **Budget rule.** Nodes are kept best-first from the root until ``budget`` draft
+    nodes are chosen, comparing (1) the longest n-gram among the supporting matches,
+    (2) the number of supporting matches, (3) the most recent supporting match, then
+    insertion order. A child's supporters are a subset of its parent's, so no child
+    outranks its parent and the kept nodes form a tree; they are numbered in the
+    order chosen, which puts parents before children and siblings in rank order.
+
+    **q and ranks.** ``q[i]`` is the *empirical frequency* of node i's token among the
+    matches that support its parent (for depth 1: among all matches) - a count
+    ratio, not a model probability. ``ranks[i]`` is node i's position among its kept
+    siblings under the budget rule. ``draft_probs`` stays ``None`` so verifiers treat
+    the draft as deterministic, and ``config``, ``sibling_sampling`` and
+    ``generator`` are ignored.
+
+    Args:
+        n: longest n-gram tried.
+        depth: tokens per continuation (the tree's maximum depth).
+        budget: maximum number of draft nodes (root excluded).
+        max_matches: maximum number of earlier occurrences merged.
+        min_n: shortest n-gram tried.
+    """
+
+    def __init__(self, n: int = 3, depth: int = 5, budget: int = 16, max_matches: int = 8,
+                 min_n: int = 1) -> None:
+        self.n, self.min_n = _ngram_range(n, min_n)
+        self.depth = _positive_int("depth", depth)
+        self.budget = _positive_int("budget", budget)
+        self.max_matches = _positive_int("max_matches", max_matches)
+        self.name = f"ngram-trie(n={n},budget={budget})"
+        self._index = NgramIndex(n, min_n)
+
+    def matches(self, context) -> tuple[NgramMatch, ...]:
+        """The matches :meth:`draft` merges for ``context`` ``(L,)``, in collection order."""
+        return self._matches(_context_tokens(context))
+
+    def _matches(self, tokens: list[int]) -> tuple[NgramMatch, ...]:
+        self._index.sync(tokens)
+        found: list[NgramMatch] = []
+        seen: set[int] = set()
+        for n in range(self.n, self.min_n - 1, -1):
+            # at most len(found) of these were already seen at a longer length, so the
+            # limit still leaves at least max_matches - len(found) new ones
+            for end in self._index.occurrences(n, limit=self.max_matches):
+                if end in seen:
+                    continue
+                seen.add(end)
+                found.append(NgramMatch(end, n, self._index.continuation(end, self.depth)))
+                if len(found) == self.max_matches:
+                    return tuple(found)
+        return tuple(found)
+
+    def draft(self, context: torch.Tensor, config: SamplingConfig, sibling_sampling: str,
+              generator: torch.Generator | None) -> DraftTree:
+        """Trie of the matches' continuations rooted at ``context[-1]``, at most ``budget`` nodes."""
+        _check_sibling_mode(sibling_sampling)
+        tokens = _context_tokens(context)
+        found = self._matches(tokens)
+        root = tokens[-1]
+
+        # full trie over all continuations; trie node 0 is the root
+        trie_tokens, parents = [root], [-1]
+        count, longest, recent = [len(found)], [0], [-1]
+        child_of: dict[tuple[int, int], int] = {}
+        for m in found:
+            node = 0
+            for tok in m.continuation:
+                nxt = child_of.get((node, tok))
+                if nxt is None:
+                    nxt = len(trie_tokens)
+                    child_of[(node, tok)] = nxt
+                    trie_tokens.append(tok)
+                    parents.append(node)
+                    count.append(0)
+                    longest.append(0)
+                    recent.append(-1)
+                count[nxt] += 1
+                longest[nxt] = max(longest[nxt], m.length)
+                recent[nxt] = max(recent[nxt], m.end)
+                node = nxt
+        children: list[list[int]] = [[] for _ in trie_tokens]
+        for i in range(1, len(trie_tokens)):
+            children[parents[i]].append(i)
+
+        # best-first selection; heapq is a min-heap, hence the negated keys
+        def key(i: int) -> tuple[int, int, int, int]:
+            return (-longest[i], -count[i], -recent[i], i)
+
+        frontier = [key(c) for c in children[0]]
+        heapq.heapify(frontier)
+        kept = [0]
+        new_index = {0: 0}
+        while frontier and len(kept) <= self.budget:
+            i = heapq.heappop(frontier)[-1]
+            new_index[i] = len(kept)
+            kept.append(i)
+            for c in children[i]:
+                heapq.heappush(frontier, key(c))
+
+        n_kept = len(kept)
+        out_parents = [-1] + [new_index[parents[i]] for i in kept[1:]]
+        q = [1.0] + [count[i] / count[parents[i]] for i in kept[1:]]
+        ranks = [0] * n_kept
+        next_rank = [0] * n_kept
+        for j in range(1, n_kept):
+            ranks[j] = next_rank[out_parents[j]]
+            next_rank[out_parents[j]] += 1
+        return DraftTree(
+            torch.tensor([trie_tokens[i] for i in kept], dtype=torch.long),
+            torch.tensor(out_parents, dtype=torch.long),
+            q=torch.tensor(q, dtype=torch.float32),
+            ranks=torch.tensor(ranks, dtype=torch.long),
+        )
+
+    def reset(self) -> None:
+        self._index = NgramIndex(self.n, self.min_n)

@@ -1,0 +1,640 @@
+"""Pictures of speculative decoding: draft trees, attention masks and whole generations.
+
+Everything here is a pure function from specviz objects to a graph or a figure, so
+notebooks, the explorer widget (:mod:`specviz.explorer`) and saved files all draw
+with the same code:
+
+* :func:`tree_nodes` - one :class:`NodeInfo` per node of a step's draft tree (plus the
+  bonus token), the single place where statuses, labels and per-node numbers are
+  worked out;
+* :func:`to_networkx` - that information as a ``networkx.DiGraph``;
+* :func:`tree_figure` / :func:`step_tree_figure` - the draft tree drawn with the tidy
+  layout of :mod:`specviz.layout`, nodes coloured by status, accepted path emphasised;
+* :func:`mask_figure` - the tree-attention mask as a heatmap labelled by node;
+* :func:`step_view_figure` - a generation's text coloured by the step that committed
+  each token, and the accepted length of every step;
+* :func:`save_html` (standalone, works offline: plotly.js is embedded) and
+  :func:`save_png` (static image through kaleido, which drives the system's Chromium).
+
+Node statuses (:data:`STATUSES`): ``root`` (the last committed token), ``accepted``
+(on the accepted path), ``bonus`` (the token the target adds after the accepted path;
+not a node of the draft tree, drawn as an extra child of the last accepted node),
+``rejected`` (tried by the verifier and refused), ``never reached`` (its parent was
+never accepted, so it was not tried) and ``drafted`` (a tree shown without a
+verification result).
+
+Dimension legend: N = draft-tree nodes including the root, P = committed prefix length,
+V = vocabulary size.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+import torch
+
+from specviz.layout import tidy_layout
+from specviz.paths import output_path
+from specviz.shapes import TreeShape
+from specviz.tree import DraftTree, depths, tree_attention_mask
+
+if TYPE_CHECKING:
+    import networkx as nx
+    import plotly.graph_objects as go
+
+    from specviz.decode import GenerationResult, StepTrace
+    from specviz.verify import Acceptance
+
+__all__ = [
+    "STATUSES",
+    "STATUS_STYLE",
+    "StatusStyle",
+    "NodeInfo",
+    "CommittedToken",
+    "escape_token",
+    "token_text",
+    "tree_nodes",
+    "to_networkx",
+    "tree_figure",
+    "step_tree_figure",
+    "mask_figure",
+    "committed_tokens",
+    "step_view_figure",
+    "save_html",
+    "save_png",
+]
+
+STATUSES: tuple[str, ...] = ("root", "accepted", "bonus", "rejected", "never reached", "drafted")
+
+
+@dataclass(frozen=True)
+class StatusStyle:
+    """How nodes of one status are drawn: colour, marker symbol and marker size (px)."""
+
+    color: str
+    symbol: str
+    size: int
+
+
+# Okabe-Ito colours (distinguishable with the common colour-vision deficiencies), and a
+# different marker symbol per status so the legend reads even in greyscale print.
+STATUS_STYLE: dict[str, StatusStyle] = {
+    "root": StatusStyle("#000000", "square", 16),
+    "accepted": StatusStyle("#009E73", "circle", 20),
+    "bonus": StatusStyle("#E69F00", "star", 22),
+    "rejected": StatusStyle("#D55E00", "x", 14),
+    "never reached": StatusStyle("#999999", "circle-open", 13),
+    "drafted": StatusStyle("#0072B2", "circle", 15),
+}
+_PATH_COLOR = STATUS_STYLE["accepted"].color
+_EDGE_COLOR = "#BBBBBB"
+# Step colours of the step view: Okabe-Ito again, so neighbouring steps always differ.
+_STEP_COLORS = ("#56B4E9", "#E69F00", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7")
+# Browsers kaleido looks for on PATH (it also honours $BROWSER_PATH).
+_CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
+_MONO = "DejaVu Sans Mono, Menlo, Consolas, monospace"
+
+_VISIBLE_WHITESPACE = {" ": "␣", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def escape_token(text: str, max_chars: int | None = 12) -> str:
+    """Make a token's text readable as a label: whitespace and control characters become
+    visible (``" "`` -> ``␣``, newline -> ``\\n``, tab -> ``\\t``, others -> ``\\xNN``), the
+    empty string becomes ``∅``, and text longer than ``max_chars`` is cut with ``…``.
+
+    The result is plain text; HTML escaping happens where figures are built.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    if max_chars is not None and max_chars < 2:
+        raise ValueError(f"max_chars must be >= 2 or None, got {max_chars}")
+    if text == "":
+        return "∅"
+    parts = []
+    for ch in text:
+        if ch in _VISIBLE_WHITESPACE:
+            parts.append(_VISIBLE_WHITESPACE[ch])
+        elif not ch.isprintable():
+            parts.append(f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}")
+        else:
+            parts.append(ch)
+    out = "".join(parts)
+    if max_chars is not None and len(out) > max_chars:
+        out = out[: max_chars - 1] + "…"
+    return out
+
+
+def token_text(tokenizer: Any, token_id: int) -> str:
+    """Decoded text of one token, or ``#id`` without a tokenizer."""
+    if tokenizer is None:
+        return f"#{int(token_id)}"
+    return tokenizer.decode([int(token_id)])
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """Everything the renderers show about one node.
+
+    Attributes:
+        index: node index in the draft tree; the bonus node gets index ``N``.
+        parent: parent index (-1 for the root).
+        token: token id (None for a :class:`~specviz.shapes.TreeShape`, which has no tokens).
+        text: decoded token text (or the rank, for a shape).
+        label: ``text`` with whitespace made visible and cut to a short length.
+        depth: distance from the root.
+        rank: rank of the token in the draft distribution at its parent (0 = top-1), if known.
+        q: draft probability of the token at its parent, if known.
+        p: target probability of the token at its parent, if known.
+        accept_prob: the acceptance probability the verifier used (None if not tried).
+        status: one of :data:`STATUSES`.
+    """
+
+    index: int
+    parent: int
+    token: int | None
+    text: str
+    label: str
+    depth: int
+    rank: int | None
+    q: float | None
+    p: float | None
+    accept_prob: float | None
+    status: str
+
+
+def _optional_floats(name: str, values: "torch.Tensor | Sequence[float] | None", n: int) -> list | None:
+    if values is None:
+        return None
+    t = torch.as_tensor(values, dtype=torch.float64).flatten().cpu()
+    if t.numel() != n:
+        raise ValueError(f"{name} must have one value per node ({n}), got {t.numel()}")
+    return [None if math.isnan(v) else float(v) for v in t.tolist()]
+
+
+def _check_acceptance(acceptance: "Acceptance", n: int) -> None:
+    if acceptance.tried.numel() != n:
+        raise ValueError(
+            f"the acceptance belongs to a tree with {acceptance.tried.numel()} nodes, "
+            f"but the tree has {n}"
+        )
+    bad = [i for i in acceptance.accepted_nodes if not 0 < i < n]
+    if bad:
+        raise ValueError(f"accepted node {bad[0]} is not a draft node of a {n}-node tree")
+
+
+def tree_nodes(tree: DraftTree | TreeShape, acceptance: "Acceptance | None" = None, *,
+               tokenizer: Any = None,
+               target_probs: "torch.Tensor | Sequence[float] | None" = None,
+               max_label_chars: int = 12) -> tuple[NodeInfo, ...]:
+    """Per-node information of a draft tree, plus the bonus node when ``acceptance`` is given.
+
+    Args:
+        tree: a draft tree, or a tree shape (drawn with rank labels, no tokens).
+        acceptance: the verifier's result for this tree; without it every draft node has
+            status ``drafted``.
+        tokenizer: decodes token ids into labels (labels are ``#id`` without one).
+        target_probs: ``(N,)`` target probability of each node's token at its parent
+            (``StepTrace.target_token_probs``).
+        max_label_chars: labels longer than this are cut.
+
+    Returns:
+        ``N`` (or ``N + 1`` with the bonus node) :class:`NodeInfo` in node order.
+
+    Raises:
+        TypeError: if ``tree`` is neither a DraftTree nor a TreeShape.
+        ValueError: if ``acceptance`` or ``target_probs`` do not match the tree's size.
+    """
+    if isinstance(tree, TreeShape):
+        parents = list(tree.parents)
+        n = len(parents)
+        tokens: list[int | None] = [None] * n
+        texts = ["root"] + [f"top-{r + 1}" for r in tree.ranks[1:]]
+        ranks: list[int | None] = list(tree.ranks)
+        q = None
+    elif isinstance(tree, DraftTree):
+        parents = tree.parents.tolist()
+        n = len(parents)
+        tokens = tree.tokens.tolist()
+        texts = [token_text(tokenizer, t) for t in tokens]
+        ranks = tree.ranks.tolist() if tree.ranks is not None else [None] * n
+        q = _optional_floats("q", tree.q, n)
+    else:
+        raise TypeError(f"tree must be a DraftTree or a TreeShape, got {type(tree).__name__}")
+    p = _optional_floats("target_probs", target_probs, n)
+    depth = depths(parents).tolist()
+
+    if acceptance is None:
+        status = ["root"] + ["drafted"] * (n - 1)
+        accept_prob = [None] * n
+    else:
+        if isinstance(tree, TreeShape):
+            raise TypeError("an acceptance belongs to a DraftTree, not a TreeShape")
+        _check_acceptance(acceptance, n)
+        accepted = set(acceptance.accepted_nodes)
+        tried = acceptance.tried.tolist()
+        status = ["root"] + [
+            "accepted" if i in accepted else "rejected" if tried[i] else "never reached"
+            for i in range(1, n)
+        ]
+        accept_prob = _optional_floats("node_accept_prob", acceptance.node_accept_prob, n)
+        accept_prob[0] = None  # the root is committed, not tried
+
+    nodes = [
+        NodeInfo(index=i, parent=parents[i], token=tokens[i], text=texts[i],
+                 label=escape_token(texts[i], max_label_chars), depth=depth[i], rank=ranks[i],
+                 q=None if q is None or i == 0 else q[i], p=None if p is None or i == 0 else p[i],
+                 accept_prob=accept_prob[i], status=status[i])
+        for i in range(n)
+    ]
+    if acceptance is not None:
+        last = acceptance.last_node
+        text = token_text(tokenizer, acceptance.bonus_token)
+        nodes.append(NodeInfo(index=n, parent=last, token=int(acceptance.bonus_token), text=text,
+                              label=escape_token(text, max_label_chars), depth=depth[last] + 1,
+                              rank=None, q=None, p=None, accept_prob=None, status="bonus"))
+    return tuple(nodes)
+
+
+def _on_accepted_path(nodes: Sequence[NodeInfo]) -> set[int]:
+    return {v.index for v in nodes if v.status in ("root", "accepted", "bonus")}
+
+
+def to_networkx(tree: DraftTree | TreeShape, acceptance: "Acceptance | None" = None, *,
+                tokenizer: Any = None,
+                target_probs: "torch.Tensor | Sequence[float] | None" = None) -> "nx.DiGraph":
+    """The draft tree as a directed graph (edges parent -> child).
+
+    Node keys are node indices (the bonus node is ``N``). Node attributes: ``token``,
+    ``text``, ``label``, ``depth``, ``rank``, ``q``, ``p``, ``accept_prob``, ``status``
+    (see :class:`NodeInfo`; unknown values are None). Edge attribute
+    ``accepted_path``: True on the edges from the root through the accepted nodes to
+    the bonus node. Arguments as in :func:`tree_nodes`.
+    """
+    import networkx as nx
+
+    nodes = tree_nodes(tree, acceptance, tokenizer=tokenizer, target_probs=target_probs)
+    on_path = _on_accepted_path(nodes) if acceptance is not None else set()
+    graph = nx.DiGraph()
+    for v in nodes:
+        graph.add_node(v.index, token=v.token, text=v.text, label=v.label, depth=v.depth,
+                       rank=v.rank, q=v.q, p=v.p, accept_prob=v.accept_prob, status=v.status)
+    for v in nodes[1:]:
+        graph.add_edge(v.parent, v.index, accepted_path=v.index in on_path)
+    return graph
+
+
+# -- plotly helpers ---------------------------------------------------------------------------
+
+def _fmt(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3f}"
+
+
+def _hover(v: NodeInfo) -> str:
+    token = "" if v.token is None else f" (id {v.token})"
+    lines = [
+        f"<b>{html.escape(v.label)}</b>{token}",
+        f"node {v.index} · depth {v.depth} · {v.status}",
+        f"rank {'–' if v.rank is None else v.rank}",
+        f"q (draft prob) {_fmt(v.q)}",
+        f"p (target prob) {_fmt(v.p)}",
+        f"acceptance prob {_fmt(v.accept_prob)}",
+    ]
+    return "<br>".join(lines)
+
+
+def _edge_xy(pairs: Sequence[tuple[int, int]], x: Sequence[float], y: Sequence[float]):
+    xs: list[float | None] = []
+    ys: list[float | None] = []
+    for a, b in pairs:
+        xs += [x[a], x[b], None]
+        ys += [-y[a], -y[b], None]
+    return xs, ys
+
+
+def tree_figure(tree: DraftTree | TreeShape, acceptance: "Acceptance | None" = None, *,
+                tokenizer: Any = None,
+                target_probs: "torch.Tensor | Sequence[float] | None" = None,
+                title: str | None = None, unit_px: int = 64, row_px: int = 80) -> "go.Figure":
+    """Draw a draft tree: tidy layout, nodes coloured by status, accepted path emphasised.
+
+    One marker trace per status present (so the legend lists exactly those), labels are
+    the decoded tokens with visible whitespace, and hovering a node shows its rank, q,
+    p, acceptance probability and depth. The figure grows with the tree (``unit_px``
+    per node column, ``row_px`` per depth) instead of squeezing it, and opens in pan
+    mode, so wide trees scroll and zoom rather than blur.
+
+    Args:
+        tree, acceptance, tokenizer, target_probs: as in :func:`tree_nodes`.
+        title: figure title (default: node counts and the accepted length).
+        unit_px: pixels between neighbouring nodes on a row.
+        row_px: pixels between rows.
+
+    Returns:
+        A ``plotly.graph_objects.Figure``.
+    """
+    import plotly.graph_objects as go
+
+    nodes = tree_nodes(tree, acceptance, tokenizer=tokenizer, target_probs=target_probs)
+    lay = tidy_layout([v.parent for v in nodes])
+    x, y = lay.x, lay.y
+    on_path = _on_accepted_path(nodes) if acceptance is not None else set()
+
+    fig = go.Figure()
+    other = [(v.parent, v.index) for v in nodes[1:] if v.index not in on_path]
+    path = [(v.parent, v.index) for v in nodes[1:] if v.index in on_path and v.status != "bonus"]
+    bonus = [(v.parent, v.index) for v in nodes[1:] if v.status == "bonus"]
+    for pairs, name, line in (
+        (other, "draft edges", dict(color=_EDGE_COLOR, width=1.2)),
+        (path, "accepted path", dict(color=_PATH_COLOR, width=5)),
+        (bonus, "bonus edge", dict(color=STATUS_STYLE["bonus"].color, width=3, dash="dot")),
+    ):
+        if pairs:
+            ex, ey = _edge_xy(pairs, x, y)
+            fig.add_trace(go.Scatter(x=ex, y=ey, mode="lines", line=line, name=name,
+                                     hoverinfo="skip", showlegend=name == "accepted path"))
+    for status in STATUSES:
+        members = [v for v in nodes if v.status == status]
+        if not members:
+            continue
+        style = STATUS_STYLE[status]
+        fig.add_trace(go.Scatter(
+            x=[x[v.index] for v in members], y=[-y[v.index] for v in members],
+            mode="markers+text", name=status,
+            text=[html.escape(v.label) for v in members], textposition="top center",
+            textfont=dict(family=_MONO, size=12, color="#222222"),
+            marker=dict(color=style.color, symbol=style.symbol, size=style.size,
+                        line=dict(color="#FFFFFF" if status != "never reached" else style.color,
+                                  width=1.5 if status != "never reached" else 2)),
+            hovertext=[_hover(v) for v in members], hoverinfo="text",
+            customdata=[v.index for v in members],
+        ))
+
+    if title is None:
+        title = f"draft tree: {len([v for v in nodes if v.status not in ('root', 'bonus')])} draft nodes"
+        if acceptance is not None:
+            title += f", {acceptance.accept_length} accepted + 1 bonus (tau {acceptance.tau})"
+    width = max(420, int(unit_px * (lay.width + 1)) + 120)
+    height = max(260, int(row_px * (lay.depth + 1)) + 140)
+    pad = 0.6
+    fig.update_layout(
+        title=dict(text=html.escape(title), x=0.01, xanchor="left"),
+        width=width, height=height, margin=dict(l=30, r=30, t=90, b=30),
+        plot_bgcolor="white", paper_bgcolor="white", dragmode="pan", hovermode="closest",
+        legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="left", x=0.0),
+        xaxis=dict(visible=False, range=[-pad, lay.width + pad]),
+        yaxis=dict(visible=False, range=[-lay.depth - pad, 0.8]),
+    )
+    return fig
+
+
+def step_tree_figure(step: "StepTrace", *, tokenizer: Any = None, title: str | None = None) -> "go.Figure":
+    """:func:`tree_figure` of one engine step (tree, acceptance and target probabilities)."""
+    if title is None:
+        acc = step.acceptance
+        title = (f"step {step.step} · {step.drafter} · {step.tree.budget} draft nodes, depth "
+                 f"{step.tree.depth} · accepted {acc.accept_length} (expected "
+                 f"{step.expected_accept_length:.3f}) · tau {acc.tau}")
+    return tree_figure(step.tree, step.acceptance, tokenizer=tokenizer,
+                       target_probs=step.target_token_probs, title=title)
+
+
+def mask_figure(tree: DraftTree, *, tokenizer: Any = None, prefix_len: int = 0,
+                title: str | None = None, cell_px: int = 22) -> "go.Figure":
+    """Heatmap of the tree-attention mask: row = query node, column = key it may attend to.
+
+    Columns ``ctx-1 .. ctx-P`` are the committed prefix (every node sees all of it),
+    then one column per tree node. Both axes are labelled ``index:token``.
+
+    Args:
+        tree: the draft tree.
+        tokenizer: decodes the node labels.
+        prefix_len: how many committed prefix columns to show (>= 0).
+        title: figure title.
+        cell_px: pixel size of one cell.
+    """
+    import plotly.graph_objects as go
+
+    if not isinstance(tree, DraftTree):
+        raise TypeError(f"tree must be a DraftTree, got {type(tree).__name__}")
+    mask = tree_attention_mask(tree, prefix_len)  # (N, P + N) bool
+    nodes = tree_nodes(tree, tokenizer=tokenizer)
+    rows = [f"{v.index}:{html.escape(v.label)}" for v in nodes]
+    cols = [f"ctx-{prefix_len - j}" for j in range(prefix_len)] + rows
+    hover = [[f"{rows[i]} {'may attend to' if mask[i, j] else 'is masked from'} {cols[j]}"
+              for j in range(len(cols))] for i in range(len(rows))]
+    fig = go.Figure(go.Heatmap(
+        z=mask.to(torch.int8).tolist(), x=cols, y=rows, zmin=0, zmax=1,
+        colorscale=[[0.0, "#F4F4F4"], [0.5, "#F4F4F4"], [0.5, "#0072B2"], [1.0, "#0072B2"]],
+        showscale=False, xgap=1, ygap=1, hovertext=hover, hoverinfo="text",
+    ))
+    n_rows, n_cols = len(rows), len(cols)
+    fig.update_layout(
+        title=dict(text=html.escape(title or f"tree attention mask: {n_rows} nodes, prefix {prefix_len} "
+                                    "(filled = may attend)"), x=0.01, xanchor="left"),
+        width=max(360, cell_px * n_cols + 180), height=max(300, cell_px * n_rows + 200),
+        margin=dict(l=120, r=20, t=60, b=120), plot_bgcolor="white",
+        xaxis=dict(side="bottom", tickangle=-60, tickfont=dict(family=_MONO, size=11), title="key"),
+        yaxis=dict(autorange="reversed", tickfont=dict(family=_MONO, size=11), title="query node"),
+    )
+    return fig
+
+
+# -- whole generations ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CommittedToken:
+    """One generated token and the step that committed it.
+
+    Attributes:
+        position: index in the generated output.
+        token: token id.
+        step: index into ``GenerationResult.steps``.
+        kind: ``"drafted"`` (an accepted draft token) or ``"bonus"`` (added by the target).
+    """
+
+    position: int
+    token: int
+    step: int
+    kind: str
+
+
+def committed_tokens(result: "GenerationResult") -> tuple[CommittedToken, ...]:
+    """Attribute every output token to the step that committed it.
+
+    Steps commit their accepted draft tokens followed by the bonus token; the output may
+    end early (a stop token or ``max_new_tokens``), so the walk stops at its length.
+
+    Raises:
+        ValueError: if a step's committed tokens disagree with the output.
+    """
+    output = torch.as_tensor(result.output_ids).flatten().tolist()
+    out: list[CommittedToken] = []
+    for s, step in enumerate(result.steps):
+        acc = step.acceptance
+        kinds = ["drafted"] * acc.accept_length + ["bonus"]
+        for tok, kind in zip(acc.committed_tokens, kinds):
+            if len(out) == len(output):
+                return tuple(out)
+            if output[len(out)] != tok:
+                raise ValueError(
+                    f"step {s} commits token {tok} at output position {len(out)}, but the output "
+                    f"holds {output[len(out)]} there"
+                )
+            out.append(CommittedToken(len(out), int(tok), s, kind))
+    return tuple(out)
+
+
+def _wrap(labels: Sequence[str], texts: Sequence[str], line_chars: int) -> list[tuple[int, int]]:
+    """(line, column) of each label when written left to right, breaking lines after a
+    newline token and before a label that would pass ``line_chars``."""
+    pos, line, col = [], 0, 0
+    for label, text in zip(labels, texts):
+        if col and col + len(label) > line_chars:
+            line, col = line + 1, 0
+        pos.append((line, col))
+        col += len(label)
+        if "\n" in text:
+            line, col = line + 1, 0
+    return pos
+
+
+def step_view_figure(result: "GenerationResult", *, tokenizer: Any = None,
+                     highlight_step: int | None = None, line_chars: int = 72,
+                     title: str | None = None) -> "go.Figure":
+    """A whole generation at a glance.
+
+    Top: the generated text, one box per token, the box colour naming the step that
+    committed it (neighbouring steps always differ); accepted draft tokens are plain,
+    bonus tokens (added by the target) bold on a darker outline. Bottom: per step, the
+    accepted draft tokens (bar) plus the bonus token (hatched), i.e. tau, and the exact
+    expected acceptance length (diamond).
+
+    Args:
+        result: a :class:`~specviz.decode.GenerationResult`.
+        tokenizer: decodes the tokens (``#id`` labels without one).
+        highlight_step: step drawn with an emphasised outline in both panels (e.g. the
+            explorer's current step).
+        line_chars: characters per text line.
+        title: figure title.
+    """
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    if line_chars < 8:
+        raise ValueError(f"line_chars must be >= 8, got {line_chars}")
+    n_steps = len(result.steps)
+    if highlight_step is not None and not 0 <= highlight_step < max(n_steps, 1):
+        raise ValueError(f"highlight_step must be in [0, {n_steps}), got {highlight_step}")
+    toks = committed_tokens(result)
+    texts = [token_text(tokenizer, t.token) for t in toks]
+    labels = [escape_token(t, max_chars=None) for t in texts]
+    where = _wrap(labels, texts, line_chars)
+    n_lines = (where[-1][0] + 1) if where else 1
+
+    text_h = 26 * n_lines + 20
+    bars_h = 220
+    fig = make_subplots(rows=2, cols=1, vertical_spacing=0.12,
+                        row_heights=[text_h / (text_h + bars_h), bars_h / (text_h + bars_h)],
+                        subplot_titles=("generated text, coloured by step", "tokens per step"))
+    for kind, weight in (("drafted", "normal"), ("bonus", "bold")):
+        members = [i for i, t in enumerate(toks) if t.kind == kind]
+        fig.add_trace(go.Scatter(
+            x=[where[i][1] + len(labels[i]) / 2 for i in members], y=[-where[i][0] for i in members],
+            mode="text", text=[html.escape(labels[i]) for i in members],
+            textfont=dict(family=_MONO, size=13, color="#000000", weight=weight),
+            name="accepted draft token" if kind == "drafted" else "bonus token (target)",
+            hovertext=[f"{html.escape(labels[i])}<br>output position {toks[i].position}<br>"
+                       f"step {toks[i].step} · {kind}" for i in members],
+            hoverinfo="text", legendgroup=kind,
+        ), row=1, col=1)
+    for i, t in enumerate(toks):
+        line, col = where[i]
+        emph = t.step == highlight_step
+        fig.add_shape(type="rect", x0=col, x1=col + len(labels[i]), y0=-line - 0.42, y1=-line + 0.42,
+                      fillcolor=_STEP_COLORS[t.step % len(_STEP_COLORS)], opacity=0.45 if not emph else 0.9,
+                      line=dict(color="#000000" if (t.kind == "bonus" or emph) else "rgba(0,0,0,0)",
+                                width=2 if emph else 1),
+                      layer="below", row=1, col=1)
+
+    steps = list(range(n_steps))
+    colors = [_STEP_COLORS[s % len(_STEP_COLORS)] for s in steps]
+    outline = [3 if s == highlight_step else 0.5 for s in steps]
+    fig.add_trace(go.Bar(x=steps, y=[st.acceptance.accept_length for st in result.steps],
+                         marker=dict(color=colors, line=dict(color="#000000", width=outline)),
+                         name="accepted draft tokens",
+                         hovertemplate="step %{x}: %{y} accepted<extra></extra>"), row=2, col=1)
+    fig.add_trace(go.Bar(x=steps, y=[1] * n_steps,
+                         marker=dict(color=colors, pattern=dict(shape="/", fgcolor="#000000"),
+                                     line=dict(color="#000000", width=outline)),
+                         name="bonus token", hovertemplate="step %{x}: +1 bonus<extra></extra>"),
+                  row=2, col=1)
+    fig.add_trace(go.Scatter(x=steps, y=[st.expected_accept_length for st in result.steps],
+                             mode="markers", marker=dict(symbol="diamond", color="#000000", size=8),
+                             name="expected accepted (exact)",
+                             hovertemplate="step %{x}: expected %{y:.3f}<extra></extra>"), row=2, col=1)
+
+    if title is None:
+        drafted = sum(st.tree.budget for st in result.steps)
+        accepted = sum(st.acceptance.accept_length for st in result.steps)
+        rate = accepted / drafted if drafted else 0.0
+        title = (f"{len(toks)} tokens in {n_steps} steps · acceptance length "
+                 f"{accepted / max(n_steps, 1):.3f} · tau {len(toks) / max(n_steps, 1):.3f} · "
+                 f"acceptance rate {rate:.3f}")
+    char_px = 8.2  # width of one character of the 13 px monospace font
+    fig.update_layout(
+        title=dict(text=html.escape(title), x=0.01, xanchor="left"), barmode="stack",
+        width=int(max(520, char_px * line_chars + 140)), height=int(text_h + bars_h + 160),
+        margin=dict(l=60, r=30, t=90, b=50), plot_bgcolor="white", paper_bgcolor="white",
+        legend=dict(orientation="h", yanchor="top", y=-0.08, xanchor="left", x=0.0),
+    )
+    fig.update_xaxes(visible=False, range=[-0.5, line_chars + 0.5], row=1, col=1)
+    fig.update_yaxes(visible=False, range=[-n_lines + 0.4, 0.6], row=1, col=1)
+    fig.update_xaxes(title="step", dtick=1 if n_steps <= 30 else None, row=2, col=1)
+    fig.update_yaxes(title="tokens", gridcolor="#EEEEEE", rangemode="tozero", row=2, col=1)
+    return fig
+
+
+# -- files ------------------------------------------------------------------------------------
+
+def save_html(fig: "go.Figure", path: str | Path) -> Path:
+    """Write ``fig`` as a standalone HTML page that opens offline: plotly.js is embedded
+    (no CDN), and scroll-zoom is on. Relative paths go under ``outputs/``.
+
+    Returns:
+        The path written.
+    """
+    dest = output_path(path)
+    fig.write_html(dest, include_plotlyjs=True, full_html=True,
+                   config={"scrollZoom": True, "displaylogo": False})
+    return dest
+
+
+def save_png(fig: "go.Figure", path: str | Path, *, scale: float = 2.0) -> Path:
+    """Write ``fig`` as a PNG through kaleido. Relative paths go under ``outputs/``.
+
+    kaleido renders with a headless Chromium it finds on ``PATH`` (Debian's
+    ``chromium`` package works) or at ``$BROWSER_PATH``; nothing is downloaded.
+
+    Returns:
+        The path written.
+
+    Raises:
+        ValueError: on a non-positive scale.
+        RuntimeError: if no Chromium can be found (says how to point kaleido at one).
+    """
+    if not scale > 0:
+        raise ValueError(f"scale must be > 0, got {scale}")
+    if not (os.environ.get("BROWSER_PATH") or any(shutil.which(n) for n in _CHROMIUM_NAMES)):
+        raise RuntimeError(
+            "PNG export needs a Chromium for kaleido and none was found: install one (Debian: "
+            "apt-get install chromium) or set BROWSER_PATH to its executable"
+        )
+    dest = output_path(path)
+    fig.write_image(dest, format="png", scale=scale)
+    return dest
