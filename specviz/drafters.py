@@ -18,6 +18,10 @@ model's own KV cache for one sequence, kept in sync with the committed tokens. A
 feeds only what the draft model has not seen (usually just the bonus token: draft
 nodes that the target accepted keep their cached entries), then expands the tree one
 depth at a time, every node of a depth in one batched forward with the tree mask.
+They are written as generators (:meth:`Drafter.draft_steps`) that *request* forwards
+(:class:`DraftForward`) rather than run them, so batched decoding serves the requests
+of all sequences in one forward per draft model (:func:`draft_all`) while every
+sequence runs exactly the logic it would run alone.
 
 * :class:`TreeDrafter` - a static :class:`~specviz.shapes.TreeShape` filled with the
   draft's ranked (or sampled) candidates; :class:`ChainDrafter` is the chain shape;
@@ -45,12 +49,22 @@ from __future__ import annotations
 import copy
 import math
 from abc import ABC, abstractmethod
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Generator, Sequence
 
 import torch
 
-from specviz.kvcache import cache_length, compact_cache, crop_cache, forward_tokens, new_cache
+from specviz.kvcache import (
+    cache_length,
+    compact_cache,
+    crop_cache,
+    forward_tokens,
+    new_cache,
+    split_cache,
+    stack_caches,
+)
 from specviz.merge import merge_trees
+from specviz.models import LoadedModel
 from specviz.sampling import SamplingConfig, probs_from_logits
 from specviz.shapes import TreeShape, chain
 from specviz.tree import DraftTree
@@ -59,7 +73,10 @@ __all__ = [
     "Drafter",
     "SIBLING_MODES",
     "check_sibling_sampling",
+    "DraftForward",
     "DraftModelState",
+    "run_draft_forwards",
+    "draft_all",
     "TreeDrafter",
     "ChainDrafter",
     "DynamicTreeDrafter",
@@ -112,6 +129,15 @@ class Drafter(ABC):
             engine then takes one plain target step.
         """
 
+    def draft_steps(self, context: torch.Tensor, config: SamplingConfig, sibling_sampling: str,
+                    generator: torch.Generator | None) -> Generator["DraftForward", torch.Tensor, DraftTree]:
+        """:meth:`draft` as a generator: yields the draft-model forwards it needs
+        (:class:`DraftForward`), receives their logits, returns the tree. Batched decoding
+        drives many of these at once (:func:`draft_all`). Drafters without a model
+        request nothing."""
+        yield from ()
+        return self.draft(context, config, sibling_sampling, generator)
+
     def observe(self, step) -> None:  # noqa: B027 - optional hook, no-op by default
         """Called with each finished :class:`~specviz.decode.StepTrace` (adaptive drafters
         update themselves here)."""
@@ -135,15 +161,39 @@ class Drafter(ABC):
 
 # -- the draft model's KV cache for one sequence ------------------------------------------------
 
+@dataclass
+class DraftForward:
+    """One draft-model forward that one sequence needs: feed ``tokens`` after the slots of
+    ``state.cache``.
+
+    Attributes:
+        state: the sequence's :class:`DraftModelState` (its cache grows by the tokens).
+        tokens: token ids to feed.
+        positions: their rotary positions.
+        allowed: ``(n, S + n)`` bool, which of the S cached slots and the n new tokens
+            each new token may attend to; None = every cached slot plus causal among the
+            new tokens.
+    """
+
+    state: "DraftModelState"
+    tokens: list[int]
+    positions: list[int]
+    allowed: torch.Tensor | None
+
+
 class DraftModelState:
     """A draft model's KV cache for one sequence plus the draft nodes fed this step.
 
     The cache holds the committed tokens ``tokens`` in slots ``[0, L)`` followed by the
-    draft nodes fed during the current step (slot ``L + handle``). :meth:`start`
+    draft nodes fed during the current step (slot ``L + handle``). :meth:`sync`
     re-synchronises with a new context: fed nodes that the context now contains (the
     accepted path) are moved into place, everything else past the common prefix is
     dropped, and only the missing tokens are fed. :meth:`expand` feeds draft nodes with
     the tree mask and depth-based positions.
+
+    Both return a :class:`DraftForward` request instead of running the model, so that
+    :func:`run_draft_forwards` can serve the requests of many sequences in one batched
+    forward; the bookkeeping is done when the request is made.
 
     Args:
         model: the transformers causal LM that drafts.
@@ -159,14 +209,15 @@ class DraftModelState:
         self._fed_tokens: list[int] = []
         self._fed_parent: list[int] = []  # handle of the parent, -1 = the root
         self._fed_depth: list[int] = []
-        self.forwards = 0  # forward passes since the last start(), the sync included
+        self.forwards = 0  # forward passes since the last sync(), the sync included
 
     @property
     def n_fed(self) -> int:
         return len(self._fed_tokens)
 
-    def start(self, context: Sequence[int]) -> torch.Tensor:
-        """Sync with ``context`` and return the draft logits after its last token, ``(V,)``."""
+    def sync(self, context: Sequence[int]) -> DraftForward:
+        """Sync with ``context``; the request's last logits row is the draft's distribution
+        after ``context[-1]`` (the root)."""
         context = list(context)
         if not context:
             raise ValueError("context must hold at least one token")
@@ -187,11 +238,8 @@ class DraftModelState:
         crop_cache(self.cache, common)
         self._fed_tokens, self._fed_parent, self._fed_depth = [], [], []
         self.forwards = 1
-        new = torch.tensor([context[common:]], dtype=torch.long)  # (1, n)
-        pos = torch.arange(common, len(context))[None]  # (1, n)
-        logits = forward_tokens(self.model, self.cache, new, pos, None)  # (1, n, V)
         self.tokens = context
-        return logits[0, -1]
+        return DraftForward(self, context[common:], list(range(common, len(context))), None)
 
     def _accepted_slots(self, extension: list[int]) -> list[int]:
         """Cache slots of fed draft nodes spelling a prefix of ``extension`` from the root."""
@@ -208,8 +256,8 @@ class DraftModelState:
             node = h
         return slots
 
-    def expand(self, tokens: Sequence[int], parents: Sequence[int]) -> tuple[torch.Tensor, list[int]]:
-        """Feed draft nodes in one forward; each sees the prefix, its ancestors and itself.
+    def expand(self, tokens: Sequence[int], parents: Sequence[int]) -> tuple[DraftForward, list[int]]:
+        """Request a forward of draft nodes; each sees the prefix, its ancestors and itself.
 
         Args:
             tokens: the nodes' token ids.
@@ -217,30 +265,124 @@ class DraftModelState:
                 returned by an earlier call of this step).
 
         Returns:
-            ``(n, V)`` float32 logits after each node, and the nodes' handles.
+            The request (its logits: ``(n, V)``, after each node) and the nodes' handles.
         """
         n = len(tokens)
         base = len(self.tokens)
         f0 = self.n_fed
-        allowed = torch.zeros(1, n, base + f0 + n, dtype=torch.bool)  # (1, n, L + F + n)
-        allowed[0, :, :base] = True
-        pos = torch.empty(1, n, dtype=torch.long)
+        allowed = torch.zeros(n, base + f0 + n, dtype=torch.bool)  # (n, L + F + n)
+        allowed[:, :base] = True
+        positions = []
         for j, p in enumerate(parents):
             if not -1 <= p < f0:
                 raise ValueError(f"parent handle {p} is not a node fed earlier this step (0..{f0 - 1} or -1)")
             depth = 1 if p == -1 else self._fed_depth[p] + 1
-            pos[0, j] = base - 1 + depth  # the root sits at position L - 1
-            allowed[0, j, base + f0 + j] = True
+            positions.append(base - 1 + depth)  # the root sits at position L - 1
+            allowed[j, base + f0 + j] = True
             while p != -1:
-                allowed[0, j, base + p] = True
+                allowed[j, base + p] = True
                 p = self._fed_parent[p]
             self._fed_depth.append(depth)
         self._fed_tokens.extend(int(t) for t in tokens)
         self._fed_parent.extend(int(p) for p in parents)
         self.forwards += 1
-        ids = torch.tensor([list(tokens)], dtype=torch.long)  # (1, n)
-        logits = forward_tokens(self.model, self.cache, ids, pos, allowed)  # (1, n, V)
-        return logits[0], list(range(f0, f0 + n))
+        return DraftForward(self, [int(t) for t in tokens], positions, allowed), list(range(f0, f0 + n))
+
+
+def _own_mask(request: DraftForward) -> torch.Tensor:
+    """``(n, S + n)`` bool mask of a request over its own cache slots and new tokens."""
+    s = cache_length(request.state.cache)
+    n = len(request.tokens)
+    if request.allowed is not None:
+        return request.allowed
+    return torch.cat([torch.ones(n, s, dtype=torch.bool), torch.ones(n, n, dtype=torch.bool).tril()], dim=1)
+
+
+def run_draft_forwards(requests: Sequence[DraftForward]) -> list[torch.Tensor]:
+    """Serve draft-model forward requests, one batched forward per draft model.
+
+    Requests of different sequences on the same model run together: their caches are
+    stacked (right-padded), every row's mask places its own cached slots and new tokens,
+    and each cache is written back with just its new entries appended.
+
+    Returns:
+        One ``(n_i, V)`` float32 logits tensor per request, in order.
+    """
+    out: list[torch.Tensor | None] = [None] * len(requests)
+    groups: dict[int, list[int]] = {}
+    for i, r in enumerate(requests):
+        groups.setdefault(id(r.state.model), []).append(i)
+    for idx in groups.values():
+        model = requests[idx[0]].state.model
+        if len(idx) == 1:
+            r = requests[idx[0]]
+            allowed = None if r.allowed is None else r.allowed[None]
+            logits = forward_tokens(model, r.state.cache, torch.tensor([r.tokens]), torch.tensor([r.positions]),
+                                    allowed)  # (1, n, V)
+            out[idx[0]] = logits[0]
+            continue
+        rows = [requests[i] for i in idx]
+        caches = [r.state.cache for r in rows]
+        lengths = [cache_length(c) for c in caches]
+        counts = [len(r.tokens) for r in rows]
+        smax, nmax = max(lengths), max(counts)
+        tokens = torch.zeros(len(rows), nmax, dtype=torch.long)  # (B, nmax)
+        positions = torch.zeros(len(rows), nmax, dtype=torch.long)
+        allowed = torch.zeros(len(rows), nmax, smax + nmax, dtype=torch.bool)  # (B, nmax, Smax + nmax)
+        for b, r in enumerate(rows):
+            n, s = counts[b], lengths[b]
+            tokens[b, :n] = torch.tensor(r.tokens)
+            positions[b, :n] = torch.tensor(r.positions)
+            positions[b, n:] = r.positions[-1]
+            own = _own_mask(r)  # (n, s + n)
+            allowed[b, :n, :s] = own[:, :s]
+            allowed[b, :n, smax:smax + n] = own[:, s:]
+            pad = torch.arange(n, nmax)
+            allowed[b, pad, smax + pad] = True  # padding rows see only themselves
+        batched = stack_caches(model, caches)
+        logits = forward_tokens(model, batched, tokens, positions, allowed)  # (B, nmax, V)
+        split_cache(batched, caches, lengths, smax, counts)
+        for b, i in enumerate(idx):
+            out[i] = logits[b, :counts[b]]
+    return out
+
+
+def _drive(steps: Generator[DraftForward, torch.Tensor, DraftTree]) -> DraftTree:
+    """Run a drafting generator to completion, serving its requests one at a time."""
+    try:
+        request = next(steps)
+        while True:
+            (logits,) = run_draft_forwards([request])
+            request = steps.send(logits)
+    except StopIteration as done:
+        return done.value
+
+
+def draft_all(drafters: Sequence[Drafter], contexts: Sequence[torch.Tensor], config: SamplingConfig,
+              sibling_sampling: str, generators: Sequence[torch.Generator | None]) -> list[DraftTree]:
+    """Draft for several sequences at once (one drafter each), batching draft-model forwards.
+
+    Every drafter runs exactly the logic of its own :meth:`Drafter.draft`; only the
+    forwards that several of them need at the same moment are served together.
+    """
+    steps = [d.draft_steps(c, config, sibling_sampling, g) for d, c, g in zip(drafters, contexts, generators)]
+    trees: list[DraftTree | None] = [None] * len(steps)
+    pending: dict[int, DraftForward] = {}
+
+    def advance(i: int, logits: torch.Tensor | None) -> None:
+        try:
+            pending[i] = next(steps[i]) if logits is None else steps[i].send(logits)
+        except StopIteration as done:
+            pending.pop(i, None)
+            trees[i] = done.value
+
+    for i in range(len(steps)):
+        advance(i, None)
+    while pending:
+        order = list(pending)
+        for i, logits in zip(order, run_draft_forwards([pending[i] for i in order])):
+            advance(i, logits)
+    return trees
 
 
 def _distribution(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
@@ -271,11 +413,19 @@ def _choose_children(logits: torch.Tensor, dist: torch.Tensor, ranks: Sequence[i
 
 
 class _ModelDrafter(Drafter):
-    """Shared plumbing of drafters that run a draft model with a :class:`DraftModelState`."""
+    """Shared plumbing of drafters that run a draft model with a :class:`DraftModelState`:
+    subclasses write :meth:`draft_steps`, and :meth:`draft` serves its requests."""
 
     def __init__(self, draft) -> None:
         self.draft_model = draft
         self.reset()
+
+    def draft(self, context, config, sibling_sampling, generator) -> DraftTree:
+        return _drive(self.draft_steps(context, config, sibling_sampling, generator))
+
+    @abstractmethod
+    def draft_steps(self, context, config, sibling_sampling, generator):
+        """See :meth:`Drafter.draft_steps`."""
 
     def reset(self) -> None:
         self.state = DraftModelState(self.draft_model.model)
@@ -328,16 +478,15 @@ class TreeDrafter(_ModelDrafter):
         self.name = f"tree(n={shape.budget},d={shape.depth})"
         super().__init__(draft)
 
-    def draft(self, context, config, sibling_sampling, generator) -> DraftTree:
+    def draft_steps(self, context, config, sibling_sampling, generator):
         check_sibling_sampling(sibling_sampling)
         ctx = self._context(context)
-        root_logits = self.state.start(ctx)  # (V,)
+        root_logits = (yield self.state.sync(ctx))[-1]  # (V,)
         shape = self.shape
         sampled = not config.greedy and sibling_sampling not in _DETERMINISTIC_MODES
         kids: list[list[int]] = [[] for _ in range(shape.n_nodes)]
         for i in range(1, shape.n_nodes):
             kids[shape.parents[i]].append(i)
-        depth = shape.depths()
         # out[i] = index of shape node i in the drafted tree (absent: not drafted)
         out: dict[int, int] = {0: 0}
         tokens, parents, qs, ranks = [], [], [], []
@@ -364,11 +513,12 @@ class TreeDrafter(_ModelDrafter):
                     nxt.append(c)
             feed = [c for c in nxt if kids[c]]
             if feed:
-                logits, handles = self.state.expand([tokens[out[c] - 1] for c in feed],
-                                                    [handle[shape.parents[c]] for c in feed])
+                request, handles = self.state.expand([tokens[out[c] - 1] for c in feed],
+                                                     [handle[shape.parents[c]] for c in feed])
+                logits = yield request  # (n, V)
                 for c, h, row in zip(feed, handles, logits):
                     handle[c], logits_at[c] = h, row
-            level = sorted(nxt, key=lambda c: depth[c])
+            level = nxt
         draft_probs = None
         if sampled:
             draft_probs = torch.zeros(len(tokens) + 1, root_logits.shape[-1])  # (N, V)
@@ -420,14 +570,14 @@ class DynamicTreeDrafter(_ModelDrafter):
         self.name = f"dynamic(k={topk},d={depth},n={budget})"
         super().__init__(draft)
 
-    def draft(self, context, config, sibling_sampling, generator) -> DraftTree:
+    def draft_steps(self, context, config, sibling_sampling, generator):
         check_sibling_sampling(sibling_sampling)
         if not config.greedy and sibling_sampling not in _DETERMINISTIC_MODES:
             raise ValueError(
                 f"{self.name} drafts deterministic top-k siblings; under sampling use a verifier with "
                 f"sibling_sampling 'topk' (e.g. 'topk'), not {sibling_sampling!r}")
         ctx = self._context(context)
-        root_logits = self.state.start(ctx)  # (V,)
+        root_logits = (yield self.state.sync(ctx))[-1]  # (V,)
         # Pool of proposed nodes: token, pool parent (-1 = root), score, q, rank, depth.
         tok: list[int] = []
         par: list[int] = []
@@ -456,8 +606,8 @@ class DynamicTreeDrafter(_ModelDrafter):
                 break
             frontier = sorted(new, key=lambda i: (-score[i], i))[:self.topk]
             frontier.sort()
-            frontier_logits, handles = self.state.expand([tok[i] for i in frontier],
-                                                         [handle[par[i]] for i in frontier])
+            request, handles = self.state.expand([tok[i] for i in frontier], [handle[par[i]] for i in frontier])
+            frontier_logits = yield request  # (n, V)
             frontier_score = [score[i] for i in frontier]
             handle.update(zip(frontier, handles))
         keep = sorted(sorted(range(len(tok)), key=lambda i: (-score[i], i))[:self.budget])
@@ -542,20 +692,20 @@ class AdaptiveChainDrafter(_ModelDrafter):
             return 0.25
         return self._t_draft / self._t_verify
 
-    def _keep_going(self, reach: float, k: int) -> bool:
-        """Whether a (k+1)-th draft token is worth a forward, given P_k = ``reach``."""
+    def _keep_going(self, reach: float, expected: float, k: int) -> bool:
+        """Whether a (k+1)-th draft token is worth a forward, given ``P_k = reach`` and
+        ``E = expected`` for the chain of ``k`` drafted so far."""
         c = self._ratio()
-        expected = 1.0 + self._expected_sum
         return reach * self._mean_accept > c * expected / (1.0 + k * c)
 
-    def draft(self, context, config, sibling_sampling, generator) -> DraftTree:
+    def draft_steps(self, context, config, sibling_sampling, generator):
         check_sibling_sampling(sibling_sampling)
         ctx = self._context(context)
-        logits = self.state.start(ctx)  # (V,)
+        logits = (yield self.state.sync(ctx))[-1]  # (V,)
         limit = self.k if self.schedule == "heuristic" else self.k_max
         tokens, qs, ranks = [], [], []
         rows = []
-        reach, self._expected_sum = 1.0, 0.0
+        reach, expected = 1.0, 1.0  # P_k and E = 1 + sum_i P_i
         parent = -1
         while True:
             dist = _distribution(logits, config)  # (V,)
@@ -565,14 +715,14 @@ class AdaptiveChainDrafter(_ModelDrafter):
             ranks.append(rank)
             rows.append(dist)
             reach *= self._calibrated(qs[-1])
-            self._expected_sum += reach
+            expected += reach
             k = len(tokens)
             if k >= limit:
                 break
-            if self.schedule == "throughput" and k >= self.k_min and not self._keep_going(reach, k):
+            if self.schedule == "throughput" and k >= self.k_min and not self._keep_going(reach, expected, k):
                 break
-            out, (parent,) = self.state.expand([tok], [parent])
-            logits = out[0]
+            request, (parent,) = self.state.expand([tok], [parent])
+            logits = (yield request)[0]
         self.history.append(len(tokens))
         draft_probs = None
         if not config.greedy and sibling_sampling not in _DETERMINISTIC_MODES:
@@ -642,8 +792,6 @@ class SelfSpeculativeDrafter(TreeDrafter):
     """
 
     def __init__(self, target, n_layers: int, shape: TreeShape | None = None) -> None:
-        from specviz.models import LoadedModel
-
         small = truncated_model(target.model, n_layers)
         draft = LoadedModel(name=f"{target.name}[:{n_layers}]", model=small, tokenizer=target.tokenizer,
                             dtype=target.dtype)
@@ -679,13 +827,18 @@ class MergedDrafter(Drafter):
         self.name = "merged(" + "+".join(d.name for d in drafters) + ")"
 
     def draft(self, context, config, sibling_sampling, generator) -> DraftTree:
+        return _drive(self.draft_steps(context, config, sibling_sampling, generator))
+
+    def draft_steps(self, context, config, sibling_sampling, generator):
         check_sibling_sampling(sibling_sampling)
         if not config.greedy and sibling_sampling not in _DETERMINISTIC_MODES:
             raise ValueError(
                 "a merged tree has deterministic siblings from several drafters; under sampling use a "
                 f"verifier with sibling_sampling 'topk', not {sibling_sampling!r}")
         mode = "greedy" if config.greedy else "topk"
-        trees = [d.draft(context, config, mode, generator) for d in self.drafters]
+        trees = []
+        for d in self.drafters:
+            trees.append((yield from d.draft_steps(context, config, mode, generator)))
         return merge_trees(trees)
 
     def reset(self) -> None:

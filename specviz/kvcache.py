@@ -9,6 +9,8 @@ draft tree goes through them and what stays in the cache afterwards:
   plus the accepted path: the path's entries are copied into place right after the
   row's prefix and the cache is narrowed; nothing before the prefix end is touched or
   recomputed, and nothing from rejected nodes survives in the valid region;
+* :func:`stack_caches` / :func:`split_cache` - several one-sequence caches of different
+  lengths as one right-padded batch for a single forward, and back;
 * :func:`crop_cache`, :func:`select_rows`, :func:`cache_length`.
 
 Batch layout: cache slot ``s`` of row ``b`` is valid iff ``s < prefix_lens[b]``. Rows
@@ -34,6 +36,8 @@ __all__ = [
     "crop_cache",
     "select_rows",
     "compact_cache",
+    "stack_caches",
+    "split_cache",
     "additive_mask",
     "forward_tokens",
 ]
@@ -124,6 +128,46 @@ def compact_cache(cache: DynamicCache, dst_start: Sequence[int], src_slots: Sequ
             setattr(layer, name, kv[:, :, :new_length])
 
 
+def _assign(layer, keys: torch.Tensor, values: torch.Tensor) -> None:
+    if not layer.is_initialized:
+        layer.lazy_initialization(keys, values)
+    layer.keys, layer.values = keys, values
+
+
+def stack_caches(model, caches: Sequence[DynamicCache]) -> DynamicCache:
+    """One cache holding ``caches`` (one sequence each) as batch rows, right-padded with
+    zeros to the longest; row ``b``'s slots ``[0, cache_length(caches[b]))`` are real."""
+    lengths = [cache_length(c) for c in caches]
+    out = new_cache(model)
+    if max(lengths) == 0:
+        return out
+    smax = max(lengths)
+    full = next(c for c, n in zip(caches, lengths) if n)
+    for i, ref in enumerate(full.layers):
+        stacked = []
+        for name in ("keys", "values"):
+            like = getattr(ref, name)  # (1, H, S, D)
+            buf = like.new_zeros((len(caches), like.shape[1], smax, like.shape[3]))  # (B, H, Smax, D)
+            for b, (c, n) in enumerate(zip(caches, lengths)):
+                if n:
+                    buf[b, :, :n] = getattr(c.layers[i], name)[0]
+            stacked.append(buf)
+        _assign(out.layers[i], *stacked)
+    return out
+
+
+def split_cache(batched: DynamicCache, caches: Sequence[DynamicCache], lengths: Sequence[int], start: int,
+                new: Sequence[int]) -> None:
+    """Write back into ``caches[b]`` its ``lengths[b]`` old slots plus the ``new[b]`` slots that a
+    forward on :func:`stack_caches`'s result appended at ``start`` (the padded length)."""
+    for b, cache in enumerate(caches):
+        index = torch.cat([torch.arange(lengths[b]), torch.arange(start, start + new[b])])  # (S_b + n_b,)
+        for i, layer in enumerate(batched.layers):
+            keys = layer.keys[b:b + 1].index_select(2, index.to(layer.keys.device))  # (1, H, S_b + n_b, D)
+            values = layer.values[b:b + 1].index_select(2, index.to(layer.values.device))
+            _assign(cache.layers[i], keys, values)
+
+
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Boolean ``(B, N, K)`` "may attend" mask -> additive ``(B, 1, N, K)`` float mask."""
     if allowed.dtype != torch.bool or allowed.dim() != 3:
@@ -135,7 +179,7 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 @torch.no_grad()
 def forward_tokens(model, cache: DynamicCache, tokens: torch.Tensor, position_ids: torch.Tensor,
-                   allowed: torch.Tensor | None) -> torch.Tensor:
+                   allowed: torch.Tensor | None, logits_to_keep: int = 0) -> torch.Tensor:
     """Run ``model`` on new ``tokens`` after the cached slots; the cache grows by N.
 
     Args:
@@ -145,9 +189,11 @@ def forward_tokens(model, cache: DynamicCache, tokens: torch.Tensor, position_id
         position_ids: ``(B, N)`` rotary positions.
         allowed: ``(B, N, S + N)`` bool, True where a query may attend; None means plain
             causal attention over the whole cache (every slot valid).
+        logits_to_keep: compute logits for only the last this many tokens (0 = all);
+            a prefill needs just the last.
 
     Returns:
-        ``(B, N, V)`` float32 logits.
+        ``(B, N, V)`` float32 logits (``(B, logits_to_keep, V)`` when it is set).
     """
     s = cache_length(cache)
     b, n = tokens.shape
@@ -160,5 +206,5 @@ def forward_tokens(model, cache: DynamicCache, tokens: torch.Tensor, position_id
                              f"got {tuple(allowed.shape)}")
         mask = additive_mask(allowed, model.dtype)
     out = model(input_ids=tokens, attention_mask=mask, position_ids=position_ids,
-                past_key_values=cache, use_cache=True)
+                past_key_values=cache, use_cache=True, logits_to_keep=logits_to_keep)
     return out.logits.float()

@@ -12,19 +12,18 @@ with the same code:
   layout of :mod:`specviz.layout`, nodes coloured by status, accepted path emphasised;
 * :func:`mask_figure` - the tree-attention mask as a heatmap labelled by node;
 * :func:`step_view_figure` - a generation's text coloured by the step that committed
-  each token, and the accepted length of every step;
+  each token, and the accepted length of every step; :func:`stats_html` - its numbers;
 * :func:`save_html` (standalone, works offline: plotly.js is embedded) and
   :func:`save_png` (static image through kaleido, which drives the system's Chromium).
 
 Node statuses (:data:`STATUSES`): ``root`` (the last committed token), ``accepted``
 (on the accepted path), ``bonus`` (the token the target adds after the accepted path;
 not a node of the draft tree, drawn as an extra child of the last accepted node),
-``rejected`` (tried by the verifier and refused), ``never reached`` (its parent was
-never accepted, so it was not tried) and ``drafted`` (a tree shown without a
-verification result).
+``rejected`` (tried by the verifier and refused), ``never reached`` (never tried: its
+parent was not reached, or a sibling tried before it was accepted) and ``drafted`` (a
+tree shown without a verification result).
 
-Dimension legend: N = draft-tree nodes including the root, P = committed prefix length,
-V = vocabulary size.
+Dimension legend: N = draft-tree nodes including the root, P = committed prefix length.
 """
 
 from __future__ import annotations
@@ -49,6 +48,7 @@ if TYPE_CHECKING:
     import plotly.graph_objects as go
 
     from specviz.decode import GenerationResult, StepTrace
+    from specviz.models import ModelPair
     from specviz.verify import Acceptance
 
 __all__ = [
@@ -65,9 +65,14 @@ __all__ = [
     "step_tree_figure",
     "mask_figure",
     "committed_tokens",
+    "representative_step",
     "step_view_figure",
+    "stats_html",
+    "figure_mimebundle",
     "save_html",
     "save_png",
+    "README_FIGURE",
+    "save_example_tree",
 ]
 
 STATUSES: tuple[str, ...] = ("root", "accepted", "bonus", "rejected", "never reached", "drafted")
@@ -295,10 +300,21 @@ def _fmt(value: float | None) -> str:
     return "–" if value is None else f"{value:.3f}"
 
 
+def _title(text: str, **style) -> dict:
+    """A plotly title from plain text: the first line is the title, further lines its
+    subtitle (plotly places a subtitle correctly where a multi-line title drifts)."""
+    first, _, rest = text.partition("\n")
+    out = dict(text=html.escape(first), x=0.01, xanchor="left", font=dict(size=16), **style)
+    if rest:
+        out["subtitle"] = dict(text="<br>".join(html.escape(line) for line in rest.split("\n")),
+                               font=dict(size=13))
+    return out
+
+
 def _hover(v: NodeInfo) -> str:
     token = "" if v.token is None else f" (id {v.token})"
     lines = [
-        f"<b>{html.escape(v.label)}</b>{token}",
+        f"<b>{html.escape(escape_token(v.text, max_chars=None))}</b>{token}",
         f"node {v.index} · depth {v.depth} · {v.status}",
         f"rank {'–' if v.rank is None else v.rank}",
         f"q (draft prob) {_fmt(v.q)}",
@@ -320,11 +336,11 @@ def _edge_xy(pairs: Sequence[tuple[int, int]], x: Sequence[float], y: Sequence[f
 def tree_figure(tree: DraftTree | TreeShape, acceptance: "Acceptance | None" = None, *,
                 tokenizer: Any = None,
                 target_probs: "torch.Tensor | Sequence[float] | None" = None,
-                title: str | None = None, unit_px: int = 64, row_px: int = 80) -> "go.Figure":
+                title: str | None = None, unit_px: int = 80, row_px: int = 80) -> "go.Figure":
     """Draw a draft tree: tidy layout, nodes coloured by status, accepted path emphasised.
 
     One marker trace per status present (so the legend lists exactly those), labels are
-    the decoded tokens with visible whitespace, and hovering a node shows its rank, q,
+    the decoded tokens with visible whitespace (cut to fit; the hover has them whole), and hovering a node shows its rank, q,
     p, acceptance probability and depth. The figure grows with the tree (``unit_px``
     per node column, ``row_px`` per depth) instead of squeezing it, and opens in pan
     mode, so wide trees scroll and zoom rather than blur.
@@ -340,7 +356,9 @@ def tree_figure(tree: DraftTree | TreeShape, acceptance: "Acceptance | None" = N
     """
     import plotly.graph_objects as go
 
-    nodes = tree_nodes(tree, acceptance, tokenizer=tokenizer, target_probs=target_probs)
+    # labels sit right of their node, so they must fit in the gap to the next one
+    nodes = tree_nodes(tree, acceptance, tokenizer=tokenizer, target_probs=target_probs,
+                       max_label_chars=max(2, (unit_px - 24) // 7))
     lay = tidy_layout([v.parent for v in nodes])
     x, y = lay.x, lay.y
     on_path = _on_accepted_path(nodes) if acceptance is not None else set()
@@ -366,7 +384,7 @@ def tree_figure(tree: DraftTree | TreeShape, acceptance: "Acceptance | None" = N
         fig.add_trace(go.Scatter(
             x=[x[v.index] for v in members], y=[-y[v.index] for v in members],
             mode="markers+text", name=status,
-            text=[html.escape(v.label) for v in members], textposition="top center",
+            text=[html.escape(v.label) for v in members], textposition="middle right",
             textfont=dict(family=_MONO, size=12, color="#222222"),
             marker=dict(color=style.color, symbol=style.symbol, size=style.size,
                         line=dict(color="#FFFFFF" if status != "never reached" else style.color,
@@ -378,16 +396,17 @@ def tree_figure(tree: DraftTree | TreeShape, acceptance: "Acceptance | None" = N
     if title is None:
         title = f"draft tree: {len([v for v in nodes if v.status not in ('root', 'bonus')])} draft nodes"
         if acceptance is not None:
-            title += f", {acceptance.accept_length} accepted + 1 bonus (tau {acceptance.tau})"
-    width = max(420, int(unit_px * (lay.width + 1)) + 120)
-    height = max(260, int(row_px * (lay.depth + 1)) + 140)
-    pad = 0.6
+            title += f"\n{acceptance.accept_length} accepted + 1 bonus (tau {acceptance.tau})"
+    pad, label_pad = 0.6, 1.0  # x units around the nodes; the right side also holds a label
+    width = max(480, int(unit_px * (lay.width + pad + label_pad)) + 60)
+    height = max(300, int(row_px * (lay.depth + 1)) + 190)
+    # title on top, legend below the tree: neither can cover the other however narrow the figure
     fig.update_layout(
-        title=dict(text=html.escape(title), x=0.01, xanchor="left"),
-        width=width, height=height, margin=dict(l=30, r=30, t=90, b=30),
+        title=_title(title),
+        width=width, height=height, margin=dict(l=30, r=30, t=80, b=110),
         plot_bgcolor="white", paper_bgcolor="white", dragmode="pan", hovermode="closest",
-        legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="left", x=0.0),
-        xaxis=dict(visible=False, range=[-pad, lay.width + pad]),
+        legend=dict(orientation="h", yanchor="top", y=-0.02, xanchor="left", x=0.0),
+        xaxis=dict(visible=False, range=[-pad, lay.width + label_pad]),
         yaxis=dict(visible=False, range=[-lay.depth - pad, 0.8]),
     )
     return fig
@@ -397,9 +416,10 @@ def step_tree_figure(step: "StepTrace", *, tokenizer: Any = None, title: str | N
     """:func:`tree_figure` of one engine step (tree, acceptance and target probabilities)."""
     if title is None:
         acc = step.acceptance
-        title = (f"step {step.step} · {step.drafter} · {step.tree.budget} draft nodes, depth "
-                 f"{step.tree.depth} · accepted {acc.accept_length} (expected "
-                 f"{step.expected_accept_length:.3f}) · tau {acc.tau}")
+        expected = step.expected_accept_length
+        expected = "" if math.isnan(expected) else f" (expected {expected:.3f})"
+        title = (f"step {step.step} · {step.drafter}\n{step.tree.budget} draft nodes, depth "
+                 f"{step.tree.depth} · accepted {acc.accept_length}{expected} · tau {acc.tau}")
     return tree_figure(step.tree, step.acceptance, tokenizer=tokenizer,
                        target_probs=step.target_token_probs, title=title)
 
@@ -435,10 +455,10 @@ def mask_figure(tree: DraftTree, *, tokenizer: Any = None, prefix_len: int = 0,
     ))
     n_rows, n_cols = len(rows), len(cols)
     fig.update_layout(
-        title=dict(text=html.escape(title or f"tree attention mask: {n_rows} nodes, prefix {prefix_len} "
-                                    "(filled = may attend)"), x=0.01, xanchor="left"),
+        title=_title(title or f"tree attention mask: {n_rows} nodes, prefix {prefix_len}\n"
+                              "filled = may attend"),
         width=max(360, cell_px * n_cols + 180), height=max(300, cell_px * n_rows + 200),
-        margin=dict(l=120, r=20, t=60, b=120), plot_bgcolor="white",
+        margin=dict(l=120, r=20, t=90, b=120), plot_bgcolor="white",
         xaxis=dict(side="bottom", tickangle=-60, tickfont=dict(family=_MONO, size=11), title="key"),
         yaxis=dict(autorange="reversed", tickfont=dict(family=_MONO, size=11), title="query node"),
     )
@@ -490,6 +510,19 @@ def committed_tokens(result: "GenerationResult") -> tuple[CommittedToken, ...]:
     return tuple(out)
 
 
+def representative_step(result: "GenerationResult") -> int:
+    """The step that shows the most in a picture: the longest accepted path, then the
+    largest tree, then the earliest.
+
+    Raises:
+        ValueError: if the generation has no steps.
+    """
+    if not result.steps:
+        raise ValueError("the generation has no speculative steps to show")
+    return max(range(len(result.steps)),
+               key=lambda s: (result.steps[s].acceptance.accept_length, result.steps[s].tree.n_nodes, -s))
+
+
 def _wrap(labels: Sequence[str], texts: Sequence[str], line_chars: int) -> list[tuple[int, int]]:
     """(line, column) of each label when written left to right, breaking lines after a
     newline token and before a label that would pass ``line_chars``."""
@@ -529,7 +562,7 @@ def step_view_figure(result: "GenerationResult", *, tokenizer: Any = None,
     if line_chars < 8:
         raise ValueError(f"line_chars must be >= 8, got {line_chars}")
     n_steps = len(result.steps)
-    if highlight_step is not None and not 0 <= highlight_step < max(n_steps, 1):
+    if highlight_step is not None and not 0 <= highlight_step < n_steps:
         raise ValueError(f"highlight_step must be in [0, {n_steps}), got {highlight_step}")
     toks = committed_tokens(result)
     texts = [token_text(tokenizer, t.token) for t in toks]
@@ -541,7 +574,8 @@ def step_view_figure(result: "GenerationResult", *, tokenizer: Any = None,
     bars_h = 220
     fig = make_subplots(rows=2, cols=1, vertical_spacing=0.12,
                         row_heights=[text_h / (text_h + bars_h), bars_h / (text_h + bars_h)],
-                        subplot_titles=("generated text, coloured by step", "tokens per step"))
+                        subplot_titles=("generated text, coloured by step",
+                                        "tokens committed per step (x axis: step)"))
     for kind, weight in (("drafted", "normal"), ("bonus", "bold")):
         members = [i for i, t in enumerate(toks) if t.kind == kind]
         fig.add_trace(go.Scatter(
@@ -553,14 +587,17 @@ def step_view_figure(result: "GenerationResult", *, tokenizer: Any = None,
                        f"step {toks[i].step} · {kind}" for i in members],
             hoverinfo="text", legendgroup=kind,
         ), row=1, col=1)
+    # one layout update with all boxes: adding shapes one by one is slow in plotly
+    boxes = []
     for i, t in enumerate(toks):
         line, col = where[i]
         emph = t.step == highlight_step
-        fig.add_shape(type="rect", x0=col, x1=col + len(labels[i]), y0=-line - 0.42, y1=-line + 0.42,
-                      fillcolor=_STEP_COLORS[t.step % len(_STEP_COLORS)], opacity=0.45 if not emph else 0.9,
-                      line=dict(color="#000000" if (t.kind == "bonus" or emph) else "rgba(0,0,0,0)",
-                                width=2 if emph else 1),
-                      layer="below", row=1, col=1)
+        boxes.append(dict(type="rect", xref="x", yref="y", x0=col, x1=col + len(labels[i]),
+                          y0=-line - 0.42, y1=-line + 0.42, layer="below",
+                          fillcolor=_STEP_COLORS[t.step % len(_STEP_COLORS)], opacity=0.9 if emph else 0.45,
+                          line=dict(color="#000000" if (t.kind == "bonus" or emph) else "rgba(0,0,0,0)",
+                                    width=2 if emph else 1)))
+    fig.update_layout(shapes=boxes)
 
     steps = list(range(n_steps))
     colors = [_STEP_COLORS[s % len(_STEP_COLORS)] for s in steps]
@@ -588,16 +625,65 @@ def step_view_figure(result: "GenerationResult", *, tokenizer: Any = None,
                  f"acceptance rate {rate:.3f}")
     char_px = 8.2  # width of one character of the 13 px monospace font
     fig.update_layout(
-        title=dict(text=html.escape(title), x=0.01, xanchor="left"), barmode="stack",
+        title=_title(title), barmode="stack",
         width=int(max(520, char_px * line_chars + 140)), height=int(text_h + bars_h + 160),
-        margin=dict(l=60, r=30, t=90, b=50), plot_bgcolor="white", paper_bgcolor="white",
-        legend=dict(orientation="h", yanchor="top", y=-0.08, xanchor="left", x=0.0),
+        margin=dict(l=60, r=30, t=90, b=130), plot_bgcolor="white", paper_bgcolor="white",
+        legend=dict(orientation="h", yanchor="top", y=-0.12, xanchor="left", x=0.0),
     )
     fig.update_xaxes(visible=False, range=[-0.5, line_chars + 0.5], row=1, col=1)
     fig.update_yaxes(visible=False, range=[-n_lines + 0.4, 0.6], row=1, col=1)
-    fig.update_xaxes(title="step", dtick=1 if n_steps <= 30 else None, row=2, col=1)
+    fig.update_xaxes(dtick=1 if n_steps <= 30 else None, row=2, col=1)
     fig.update_yaxes(title="tokens", gridcolor="#EEEEEE", rangemode="tozero", row=2, col=1)
     return fig
+
+
+def stats_html(result: "GenerationResult", step: int | None = None) -> str:
+    """Small HTML tables of a generation's acceptance numbers (via :mod:`specviz.metrics`)
+    and, when ``step`` is given, of that step alone."""
+    from specviz.metrics import summarize
+
+    stats = summarize([result])[0]
+    rows = [
+        ("tokens · steps", f"{stats.new_tokens} in {stats.n_steps} steps (stop: {result.stop_reason})"),
+        ("drafter · verifier", f"{html.escape(result.drafter)} · {html.escape(result.verifier)}"),
+        ("acceptance length (accepted / step)", f"{stats.acceptance_length:.3f}"),
+        ("tau (tokens / target call)", f"{stats.tau:.3f}"),
+        ("expected acceptance length (exact)", f"{stats.expected_accept_length:.3f}"),
+        ("acceptance rate (accepted / drafted)",
+         f"{stats.acceptance_rate:.3f} ({stats.accepted_tokens} / {stats.drafted_tokens})"),
+        ("wall time", f"{result.wall_time_s:.3f} s ({stats.tokens_per_second:.1f} tokens/s)"),
+    ]
+    tables = [("generation", rows)]
+    if step is not None:
+        if not 0 <= step < len(result.steps):
+            raise ValueError(f"step must be in [0, {len(result.steps)}), got {step}")
+        st = result.steps[step]
+        tables.append((f"step {step}", [
+            ("draft nodes · depth", f"{st.tree.budget} · {st.tree.depth}"),
+            ("accepted (expected)",
+             f"{st.acceptance.accept_length} ({st.expected_accept_length:.3f}) + 1 bonus"),
+            ("draft · verify time", f"{1000 * st.draft_time_s:.1f} ms · {1000 * st.verify_time_s:.1f} ms"),
+        ]))
+    cell = "padding:1px 1em 1px 0;text-align:left"
+    parts = []
+    for caption, body in tables:
+        trs = "".join(f"<tr><th style='{cell}'>{k}</th><td style='{cell}'>{v}</td></tr>" for k, v in body)
+        parts.append(f"<table class='specviz-stats' style='margin:0'><caption style='text-align:left'>"
+                     f"<b>{caption}</b></caption>{trs}</table>")
+    return "<div style='display:flex;gap:3em;align-items:flex-start'>" + "".join(parts) + "</div>"
+
+
+def figure_mimebundle(fig: "go.Figure", config: dict | None = None) -> dict:
+    """``fig`` as a Jupyter display bundle with plotly's own mime type (drawn by the
+    plotly JupyterLab extension; ``text/plain`` names the figure elsewhere)."""
+    import json
+
+    import plotly.io as pio
+
+    spec = json.loads(pio.to_json(fig, validate=False))
+    spec["config"] = {"displaylogo": False, "scrollZoom": True, **(config or {})}
+    title = fig.layout.title.text or "figure"
+    return {"application/vnd.plotly.v1+json": spec, "text/plain": f"<plotly figure: {title}>"}
 
 
 # -- files ------------------------------------------------------------------------------------
@@ -638,3 +724,63 @@ def save_png(fig: "go.Figure", path: str | Path, *, scale: float = 2.0) -> Path:
     dest = output_path(path)
     fig.write_image(dest, format="png", scale=scale)
     return dest
+
+
+# -- the README picture -------------------------------------------------------------------------
+
+README_FIGURE = "reference/draft_tree.png"
+_EXAMPLE_PROMPT = "Write a Python function that checks whether a number is prime."
+
+
+def save_example_tree(path: str | Path = README_FIGURE, pair: "ModelPair | None" = None, *,
+                      branching: Sequence[int] = (2, 2, 1, 1), prompt: str = _EXAMPLE_PROMPT,
+                      max_new_tokens: int = 32, scale: float = 2.0) -> Path:
+    """Draw one verification step as a PNG: the draft model fills a static
+    ``expansion(branching)`` tree, the target verifies greedily, and the step with the
+    most to show (:func:`representative_step`) is saved. Relative paths go under
+    ``outputs/``.
+
+    Args:
+        path: where the PNG goes (default ``outputs/reference/draft_tree.png``).
+        pair: target and draft models (default: the built-in Qwen2.5-Coder pair, bf16).
+        branching: SpecInfer expansion config of the draft tree.
+        prompt: the user prompt.
+        max_new_tokens: tokens generated to find a telling step.
+        scale: PNG pixel scale.
+
+    Returns:
+        The path written.
+    """
+    from specviz.decode import speculative_generate
+    from specviz.drafters import make_drafter
+    from specviz.models import load_pair
+    from specviz.shapes import expansion
+
+    pair = load_pair() if pair is None else pair
+    drafter = make_drafter("tree", draft=pair.draft, shape=expansion(branching))
+    result = speculative_generate(pair.target, drafter, prompt, max_new_tokens=max_new_tokens)
+    step = result.steps[representative_step(result)]
+    return save_png(step_tree_figure(step, tokenizer=pair.target.tokenizer), path, scale=scale)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m specviz.render --readme-figure [--model builtin|tiny] [--out PATH]``."""
+    import argparse
+
+    from specviz.models import tiny_pair
+
+    parser = argparse.ArgumentParser(
+        prog="python -m specviz.render",
+        description="Draw the README's picture: one verification step of a 2-2-1-1 draft tree.")
+    parser.add_argument("--readme-figure", action="store_true", required=True,
+                        help="draw one verification step of the built-in pair as the README picture")
+    parser.add_argument("--model", choices=("builtin", "tiny"), default="builtin",
+                        help="model pair (tiny: random weights, for a quick check)")
+    parser.add_argument("--out", default=README_FIGURE, help="PNG path (relative: under outputs/)")
+    args = parser.parse_args(argv)
+    pair = tiny_pair() if args.model == "tiny" else None
+    print(save_example_tree(args.out, pair))
+
+
+if __name__ == "__main__":
+    main()

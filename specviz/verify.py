@@ -49,14 +49,13 @@ computed from one target forward over the tree, with no sampling:
 * rule B tries children in a uniformly random order, and its expectation is the
   exact average over all orders. Every sibling was drawn from the same ``q``, so
   after ``j`` rejections the residual ``r_j`` depends only on ``j``, not on which
-  siblings were rejected. A token class still possible at position ``j``
-  (``r_j(x) > 0``) can only have been rejected earlier if it became impossible
-  right after, so a dynamic program over (position, rejected counts of the
-  still-possible token classes) has a single state per position in exact
-  arithmetic; it costs ``O(k^2)`` per node with ``k`` children, whatever ``k``.
-  States whose probability falls below ``1e-13`` (only floating-point near-ties
-  produce them) are dropped, which bounds the error of each probability by the
-  total dropped mass.
+  siblings were rejected. A sibling can only be rejected when ``r_j(x) < q(x)``,
+  and then ``r_{j+1}(x) = 0``: its token is impossible from then on. So a dynamic
+  program over (position, rejected counts of the still-possible token classes)
+  has a single state per position in exact arithmetic, and costs ``k`` residual
+  updates plus ``O(k * C)`` per node, however wide the node. States whose
+  probability falls below ``1e-13`` (floating-point near-ties can create them)
+  are dropped, which bounds the error of each probability by the dropped mass.
 * the lossy rules and greedy are deterministic given the tree: their reach
   probabilities are 1 on the path they would accept and 0 elsewhere.
 
@@ -168,7 +167,9 @@ class _Problem:
         if not isinstance(config, SamplingConfig):
             raise TypeError(f"config must be a SamplingConfig, got {type(config).__name__}")
         if not isinstance(target_logits, torch.Tensor):
-            raise TypeError(f"target_logits must be a torch.Tensor, got {type(target_logits).__name__}")
+            raise TypeError(
+                f"target_logits must be a torch.Tensor, got {type(target_logits).__name__}"
+            )
         if not target_logits.dtype.is_floating_point:
             raise TypeError(f"target_logits must be floating point, got {target_logits.dtype}")
         n = tree.n_nodes
@@ -180,7 +181,9 @@ class _Problem:
         vocab = int(target_logits.shape[1])
         top = int(tree.tokens.max())
         if top >= vocab:
-            raise ValueError(f"tree holds token id {top} but target_logits has only {vocab} columns")
+            raise ValueError(
+                f"tree holds token id {top} but target_logits has only {vocab} columns"
+            )
         draft = tree.draft_probs if use_draft else None
         if draft is not None and draft.shape[1] != vocab:
             raise ValueError(
@@ -307,8 +310,9 @@ def _rejection_walk(problem: _Problem, trace: _Trace, generator: torch.Generator
     u = 0
     while True:
         r = problem.p(u)  # (V,) residual, starts as the target distribution
-        q = problem.q(u)  # (V,) or None for a deterministic draft
         kids = problem.children[u]
+        # a leaf has no draft distribution (its row may be all zero): only the bonus is sampled there
+        q = problem.q(u) if kids else None  # (V,) or None for a deterministic draft
         if shuffle and q is not None and len(kids) > 1:
             kids = [kids[i] for i in torch.randperm(len(kids), generator=generator).tolist()]
         chosen = None
@@ -451,7 +455,9 @@ class Verifier(abc.ABC):
     def __call__(self, tree: DraftTree, target_logits: torch.Tensor, config: SamplingConfig,
                  generator: torch.Generator) -> Acceptance:
         """Verify ``tree`` against ``target_logits`` (``(N, V)``; row i = logits for the
-        token after node i), drawing all randomness from ``generator``."""
+        token after node i), drawing all randomness from ``generator``: N uniforms per
+        call (node i's acceptance coin, node 0's for the bonus token), plus one sibling
+        order per reached node for ``specinfer``."""
         if not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
         problem = self._problem(tree, target_logits, config)
@@ -711,7 +717,7 @@ class NaiveVerifier(Verifier):
         u = 0
         while True:
             p = problem.p(u)
-            q = problem.q(u)
+            q = problem.q(u) if problem.children[u] else None
             chosen = None
             for s in problem.children[u]:
                 x = problem.tokens[s]

@@ -1,0 +1,335 @@
+"""Slow checks on the built-in pair: is speculative decoding exact, and what does adaptivity buy?
+
+Three sections, each a function returning frozen dataclasses, plus a command line::
+
+    python -m specviz.checks                        # full: 10 prompts x 128 tokens, every section
+    python -m specviz.checks --prompts 3 --tokens 32 --sections identity
+
+* ``identity`` (fp32): every drafter's greedy output must equal the target's own greedy
+  decoding (:func:`specviz.decode.plain_generate`) token for token;
+* ``bf16``: the same comparison in bf16, where a batched verify and a one-token decode
+  may round differently. Reported as a match rate; at every first divergence the
+  target's logit gap between the two competing tokens is shown next to the bf16
+  rounding step at that logit's magnitude, so a reader can see it is a near-tie;
+* ``adaptive``: the two adaptive chain schedules against fixed chains, by greedy replay
+  (:func:`specviz.decode.replay_acceptance`, no target calls on trees) with a modelled
+  cost per step, ``1 + c * draft_forwards`` target-verify units, which does not depend
+  on how busy the machine is.
+
+Prompts are the first ``--prompts`` of the shipped prompt set, round-robin over its
+categories; all rows of a drafter run as one batch (one verify call per step for all
+prompts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from specviz.decode import encode_prompt, plain_generate, replay_acceptance, speculative_generate_batch
+from specviz.drafters import (
+    AdaptiveChainDrafter,
+    ChainDrafter,
+    Drafter,
+    DynamicTreeDrafter,
+    MergedDrafter,
+    SelfSpeculativeDrafter,
+    TreeDrafter,
+)
+from specviz.metrics import summarize
+from specviz.models import DEFAULT_DRAFT, DEFAULT_TARGET, LoadedModel, ModelPair, load_pair
+from specviz.ngram import NgramDrafter, NgramTrieDrafter
+from specviz.shapes import chain, expansion, from_paths
+
+__all__ = [
+    "SPARSE_TREE",
+    "default_drafters",
+    "Mismatch",
+    "DrafterCheck",
+    "logit_gap",
+    "check_identity",
+    "ScheduleResult",
+    "compare_schedules",
+    "format_checks",
+    "format_schedules",
+    "main",
+]
+
+#: a sparse Medusa-style static tree: wide at depth 1, one deep spine
+SPARSE_TREE = from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0)])
+
+
+def default_drafters(pair: ModelPair) -> list[Drafter]:
+    """One drafter of every kind, with the shapes the checks use."""
+    d, t = pair.draft, pair.target
+    return [
+        ChainDrafter(d, 4),
+        TreeDrafter(d, expansion([2, 2, 1])),
+        TreeDrafter(d, SPARSE_TREE),
+        DynamicTreeDrafter(d, topk=4, depth=5, budget=16),
+        AdaptiveChainDrafter(d, "heuristic"),
+        AdaptiveChainDrafter(d, "throughput"),
+        SelfSpeculativeDrafter(t, n_layers=t.model.config.num_hidden_layers // 2, shape=chain(3)),
+        NgramDrafter(n=3, k=5),
+        NgramTrieDrafter(n=3, depth=5, budget=16),
+        MergedDrafter([ChainDrafter(d, 4), NgramDrafter(n=3, k=5)]),
+    ]
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """The first token where a speculative run left the target's own greedy output.
+
+    Attributes:
+        prompt_index: which prompt.
+        position: index among the new tokens.
+        plain_token: what target-only decoding chose.
+        spec_token: what speculative decoding committed.
+        logit_gap: target logit of ``plain_token`` minus that of ``spec_token``, from a
+            fresh forward of the shared prefix in the check's dtype.
+        top_logit: the larger of the two logits.
+        rounding_step: the dtype's spacing of representable numbers at ``top_logit``.
+    """
+
+    prompt_index: int
+    position: int
+    plain_token: int
+    spec_token: int
+    logit_gap: float
+    top_logit: float
+    rounding_step: float
+
+
+@dataclass(frozen=True)
+class DrafterCheck:
+    """One drafter's greedy outputs compared with target-only decoding.
+
+    Attributes:
+        drafter: the drafter's name.
+        dtype: "fp32" or "bf16".
+        n_prompts: prompts run.
+        identical: prompts whose whole output matched.
+        matched_tokens: new tokens before the first divergence, summed over prompts.
+        total_tokens: new tokens of the target-only outputs, summed.
+        tau: tokens committed per target call.
+        mismatches: the first divergence of every prompt that diverged.
+        wall_time_s: wall time of the batched speculative run.
+    """
+
+    drafter: str
+    dtype: str
+    n_prompts: int
+    identical: int
+    matched_tokens: int
+    total_tokens: int
+    tau: float
+    mismatches: tuple[Mismatch, ...]
+    wall_time_s: float
+
+    @property
+    def match_rate(self) -> float:
+        """Fraction of prompts reproduced exactly."""
+        return self.identical / self.n_prompts
+
+    @property
+    def token_match_rate(self) -> float:
+        """Fraction of target tokens reproduced before the first divergence."""
+        return self.matched_tokens / self.total_tokens if self.total_tokens else math.nan
+
+
+def _dtype_tag(dtype: torch.dtype) -> str:
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+
+
+@torch.no_grad()
+def logit_gap(target: LoadedModel, prefix: Sequence[int], a: int, b: int) -> tuple[float, float, float]:
+    """``(logit[a] - logit[b], max(logit[a], logit[b]), rounding step there)`` for the
+    target's next-token logits after ``prefix``, in the model's own dtype."""
+    logits = target.model(torch.tensor([list(prefix)])).logits[0, -1]  # (V,) model dtype
+    la, lb = float(logits[a]), float(logits[b])
+    top = max(la, lb)
+    # spacing of representable numbers at |top|: eps (the spacing at 1.0) times its binade
+    step = torch.finfo(logits.dtype).eps * 2.0 ** math.floor(math.log2(abs(top))) if top else 0.0
+    return la - lb, top, step
+
+
+def check_identity(pair: ModelPair, prompts: Sequence[str], drafters: Sequence[Drafter], max_new_tokens: int,
+                   log: Callable[[str], None] = print) -> tuple[DrafterCheck, ...]:
+    """Greedy speculative outputs of every drafter against target-only greedy decoding.
+
+    Args:
+        pair: target and draft, in the dtype to check.
+        prompts: text prompts (chat template applied).
+        drafters: drafters built on ``pair``.
+        max_new_tokens: budget per prompt.
+        log: progress printer.
+    """
+    target = pair.target
+    tag = _dtype_tag(target.dtype)
+    plain = []
+    for i, p in enumerate(prompts):
+        r = plain_generate(target, p, max_new_tokens=max_new_tokens)
+        plain.append(r)
+        log(f"[{tag}] target-only prompt {i}: {len(r.output_ids)} tokens, {r.wall_time_s:.1f} s")
+    checks = []
+    for drafter in drafters:
+        start = time.perf_counter()
+        runs = speculative_generate_batch(target, drafter, list(prompts), max_new_tokens=max_new_tokens,
+                                          analyze=False)
+        wall = time.perf_counter() - start
+        mismatches, matched, identical = [], 0, 0
+        for i, (ref, run) in enumerate(zip(plain, runs)):
+            a, b = ref.output_ids, run.output_ids
+            if a == b:
+                identical += 1
+                matched += len(a)
+                continue
+            pos = next(j for j in range(min(len(a), len(b)) + 1) if j == min(len(a), len(b)) or a[j] != b[j])
+            matched += pos
+            if pos < min(len(a), len(b)):
+                gap, top, step = logit_gap(target, list(ref.prompt_ids) + list(a[:pos]), a[pos], b[pos])
+                mismatches.append(Mismatch(i, pos, a[pos], b[pos], gap, top, step))
+        (stats,) = summarize(runs)
+        check = DrafterCheck(drafter.name, tag, len(prompts), identical, matched, sum(len(r.output_ids) for r in plain),
+                             stats.tau, tuple(mismatches), wall)
+        log(f"[{tag}] {check.drafter}: {identical}/{len(prompts)} identical, tau {check.tau:.2f}, {wall:.0f} s")
+        checks.append(check)
+    return tuple(checks)
+
+
+@dataclass(frozen=True)
+class ScheduleResult:
+    """A chain schedule's greedy acceptance by replay, with a modelled cost.
+
+    Attributes:
+        drafter: the drafter's name.
+        steps: target calls.
+        new_tokens: tokens generated.
+        drafted_tokens: draft tokens proposed (each costs one draft forward).
+        acceptance_rate: accepted / drafted.
+        tau: tokens committed per target call.
+        cost_ratio: draft-forward cost in target-verify units used by the model.
+        modelled_speedup: target-only cost (one verify unit per token) divided by
+            ``sum over steps of (1 + cost_ratio * drafted)``.
+    """
+
+    drafter: str
+    steps: int
+    new_tokens: int
+    drafted_tokens: int
+    acceptance_rate: float
+    tau: float
+    cost_ratio: float
+    modelled_speedup: float
+
+
+def compare_schedules(pair: ModelPair, prompts: Sequence[str], max_new_tokens: int, cost_ratio: float,
+                      log: Callable[[str], None] = print) -> tuple[ScheduleResult, ...]:
+    """Fixed chains versus the two adaptive schedules, by greedy replay on the same references."""
+    target, d = pair.target, pair.draft
+    refs = [plain_generate(target, p, max_new_tokens=max_new_tokens, stop_at_eos=False) for p in prompts]
+    log(f"references ready ({len(refs)} prompts)")
+    schedules: list[Drafter] = [ChainDrafter(d, k) for k in (2, 4, 6)] + [
+        AdaptiveChainDrafter(d, "heuristic"),
+        AdaptiveChainDrafter(d, "throughput", cost_ratio=cost_ratio),
+    ]
+    out = []
+    for drafter in schedules:
+        runs = [replay_acceptance(target, drafter, ref) for ref in refs]
+        (stats,) = summarize(runs)
+        cost = sum(1.0 + cost_ratio * s.tree.budget for r in runs for s in r.steps)
+        result = ScheduleResult(drafter.name, stats.n_steps, stats.new_tokens, stats.drafted_tokens,
+                                stats.acceptance_rate, stats.tau, cost_ratio, stats.new_tokens / cost)
+        log(f"{result.drafter}: tau {result.tau:.2f}, modelled speedup {result.modelled_speedup:.2f}")
+        out.append(result)
+    return tuple(out)
+
+
+def format_checks(checks: Sequence[DrafterCheck]) -> str:
+    """A text table of identity / match-rate checks plus every mismatch's logit gap."""
+    lines = [f"{'dtype':5} {'drafter':42} {'identical':>9} {'token match':>11} {'tau':>5} {'time s':>7}"]
+    for c in checks:
+        lines.append(f"{c.dtype:5} {c.drafter:42} {c.identical:>4}/{c.n_prompts:<4} {c.token_match_rate:>11.3f} "
+                     f"{c.tau:>5.2f} {c.wall_time_s:>7.0f}")
+    for c in checks:
+        for m in c.mismatches:
+            lines.append(f"  {c.dtype} {c.drafter} prompt {m.prompt_index} token {m.position}: target-only "
+                         f"{m.plain_token}, speculative {m.spec_token}, logit gap {m.logit_gap:+.4f} at logit "
+                         f"{m.top_logit:.3f} (rounding step {m.rounding_step:.4f})")
+    return "\n".join(lines)
+
+
+def format_schedules(results: Sequence[ScheduleResult]) -> str:
+    """A text table of the schedule comparison."""
+    lines = [f"{'drafter':22} {'steps':>6} {'drafted':>8} {'acc rate':>9} {'tau':>6} {'modelled speedup':>17}"]
+    for r in results:
+        lines.append(f"{r.drafter:22} {r.steps:>6} {r.drafted_tokens:>8} {r.acceptance_rate:>9.3f} {r.tau:>6.2f} "
+                     f"{r.modelled_speedup:>17.3f}")
+    return "\n".join(lines)
+
+
+def _prompts(n: int) -> list[str]:
+    from specviz.prompts import load_prompts
+
+    return [p.text for p in load_prompts(limit=n)]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line entry point; returns 1 if the fp32 identity check found a mismatch."""
+    parser = argparse.ArgumentParser(prog="python -m specviz.checks", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prompts", type=int, default=10, help="prompts from the shipped set (default 10)")
+    parser.add_argument("--tokens", type=int, default=128, help="new tokens per prompt (default 128)")
+    parser.add_argument("--sections", default="identity,bf16,adaptive",
+                        help="comma-separated: identity (fp32), bf16, adaptive")
+    parser.add_argument("--drafters", default="",
+                        help="comma-separated substrings of drafter names to keep (default: all)")
+    parser.add_argument("--cost-ratio", type=float, default=0.3,
+                        help="draft-forward / target-verify cost for the adaptive section (default 0.3)")
+    parser.add_argument("--out", default="checks.json", help="JSON report, relative to outputs/ (default checks.json)")
+    args = parser.parse_args(argv)
+    sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = sorted(set(sections) - {"identity", "bf16", "adaptive"})
+    if unknown:
+        parser.error(f"unknown sections {unknown}; choose from identity, bf16, adaptive")
+    prompts = _prompts(args.prompts)
+    keep = [s for s in args.drafters.split(",") if s]
+    report: dict[str, object] = {"prompts": args.prompts, "tokens": args.tokens}
+    status = 0
+
+    def log(msg: str) -> None:
+        print(msg, flush=True)
+
+    for section, dtype in (("identity", "fp32"), ("bf16", "bf16")):
+        if section not in sections:
+            continue
+        pair = load_pair(DEFAULT_TARGET, DEFAULT_DRAFT, dtype=dtype)
+        drafters = [d for d in default_drafters(pair) if not keep or any(k in d.name for k in keep)]
+        checks = check_identity(pair, prompts, drafters, args.tokens, log=log)
+        log(format_checks(checks))
+        report[section] = [asdict(c) | {"match_rate": c.match_rate, "token_match_rate": c.token_match_rate}
+                           for c in checks]
+        if section == "identity" and any(c.identical < c.n_prompts for c in checks):
+            status = 1
+        del pair, drafters
+    if "adaptive" in sections:
+        pair = load_pair(DEFAULT_TARGET, DEFAULT_DRAFT, dtype="bf16")
+        results = compare_schedules(pair, prompts, args.tokens, args.cost_ratio, log=log)
+        log(format_schedules(results))
+        report["adaptive"] = [asdict(r) for r in results]
+    from specviz.paths import output_path
+
+    path = output_path(args.out)
+    path.write_text(json.dumps(report, indent=1))
+    log(f"report written to {path}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

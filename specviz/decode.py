@@ -1,0 +1,606 @@
+"""The speculative decoding engine: draft, verify the whole tree in one target call, commit.
+
+One step for every active sequence (batch row):
+
+1. the row's drafter proposes a :class:`~specviz.tree.DraftTree` rooted at the last
+   committed token;
+2. the target runs once over ``[root, draft nodes]`` of every row: the KV cache holds
+   each row's committed tokens *except the last*, the new tokens get depth-based
+   position ids and the 4D tree mask (:func:`specviz.tree.pad_trees`), so row ``b``'s
+   logits ``(N_b, V)`` are exactly "the target's distribution after node i" that the
+   verifiers expect;
+3. the verifier picks the accepted path and the bonus token;
+4. the cache keeps the prefix plus the root and the accepted path, moved into place
+   (:func:`specviz.kvcache.compact_cache`); the bonus token becomes the next root.
+
+Every step is recorded in a :class:`StepTrace` (tree, acceptance, target and draft
+probabilities at the nodes, the exact expected acceptance, wall times), every sequence
+in a :class:`GenerationResult`. :func:`plain_generate` is the target-only baseline and
+the reference for identity tests; :func:`replay_acceptance` recomputes greedy
+acceptance for any drafter from a recorded greedy continuation without running the
+target on any tree.
+
+Probabilities in traces follow the verifier's view (after the sampling configuration);
+under greedy decoding, where that view is one-hot, they are temperature-1 softmax
+probabilities instead, which is what pictures and calibration want.
+
+Dimension legend: B = batch rows, N = tree nodes incl. root (Nmax over rows), P =
+committed prefix in the cache (Pmax over rows), L = committed tokens, V = vocabulary.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+import torch
+
+from specviz.drafters import Drafter, draft_all
+from specviz.kvcache import cache_length, compact_cache, forward_tokens, new_cache, select_rows
+from specviz.models import LoadedModel, check_same_tokenizer
+from specviz.sampling import GREEDY, SamplingConfig, make_generator, probs_from_logits, sample
+from specviz.tree import DraftTree, depths, pad_trees
+from specviz.verify import Acceptance, Verifier, get_verifier
+
+__all__ = [
+    "STOP_REASONS",
+    "StepTrace",
+    "GenerationResult",
+    "encode_prompt",
+    "eos_token_ids",
+    "speculative_generate",
+    "speculative_generate_batch",
+    "plain_generate",
+    "replay_acceptance",
+]
+
+#: why a sequence stopped: an end-of-sequence token, the token budget, the model's context
+STOP_REASONS = ("eos", "max_new_tokens", "context_limit")
+
+
+@dataclass(frozen=True)
+class StepTrace:
+    """One speculative step of one sequence.
+
+    Attributes:
+        step: 0-based step index within the sequence.
+        tree: the verified draft tree (after trimming to the remaining budget), without
+            its ``draft_probs`` unless the run kept them; ``tree.q`` holds the draft
+            probability of every node.
+        acceptance: what the verifier kept.
+        target_token_probs: ``(N,)`` target probability of each node's token at its
+            parent (root = 1.0; NaN in replay, which never runs the target on the tree).
+        expected_accept_length: exact expected accepted draft tokens of this step under
+            the verifier's rule (NaN when the run skipped the analysis).
+        draft_time_s: wall time of the drafting phase (in a batch, all rows draft together
+            and share this time).
+        verify_time_s: wall time of the target forward plus the verification rule
+            (the forward is shared by all rows of a batch; 0 in replay).
+        drafter: the drafter's name.
+        context_len: committed tokens (prompt included) before the step.
+    """
+
+    step: int
+    tree: DraftTree
+    acceptance: Acceptance
+    target_token_probs: torch.Tensor
+    expected_accept_length: float
+    draft_time_s: float
+    verify_time_s: float
+    drafter: str
+    context_len: int
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """One generated sequence and how it was produced.
+
+    Attributes:
+        prompt_ids: the prompt token ids (after the chat template).
+        output_ids: the new token ids (an end-of-sequence token, if any, included last).
+        text: ``output_ids`` decoded without special tokens.
+        steps: one :class:`StepTrace` per target call (empty for :func:`plain_generate`).
+        wall_time_s: wall time from the start of the call until this sequence finished.
+        stop_reason: one of :data:`STOP_REASONS`.
+        drafter: the drafter's name ("none" for target-only decoding).
+        verifier: the verification rule's name.
+        config: the sampling configuration.
+        max_new_tokens: the token budget the run had.
+    """
+
+    prompt_ids: tuple[int, ...]
+    output_ids: tuple[int, ...]
+    text: str
+    steps: tuple[StepTrace, ...]
+    wall_time_s: float
+    stop_reason: str
+    drafter: str
+    verifier: str
+    config: SamplingConfig
+    max_new_tokens: int
+
+    @property
+    def n_steps(self) -> int:
+        """Target calls after the prompt."""
+        return len(self.steps)
+
+    @property
+    def n_new_tokens(self) -> int:
+        return len(self.output_ids)
+
+
+# -- prompts and stopping ------------------------------------------------------------------------
+
+def encode_prompt(tokenizer, prompt: str | Sequence[int] | torch.Tensor, chat: bool = True) -> list[int]:
+    """Token ids of ``prompt``.
+
+    A string is wrapped in the tokenizer's chat template as one user turn (with the
+    assistant generation prompt) when ``chat`` is True and the tokenizer has a
+    template, and tokenized plainly otherwise; token ids are used as given.
+
+    Raises:
+        ValueError: an empty prompt, or ids that are not a flat sequence of
+            non-negative integers.
+        TypeError: a prompt that is neither text nor token ids.
+    """
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise ValueError("prompt is empty; give some text or token ids")
+        if chat and getattr(tokenizer, "chat_template", None):
+            text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                                 add_generation_prompt=True)
+            return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        return list(tokenizer(prompt)["input_ids"])
+    if isinstance(prompt, torch.Tensor):
+        if prompt.dim() != 1 or prompt.dtype.is_floating_point or prompt.dtype == torch.bool:
+            raise ValueError(f"prompt ids must be a 1-D integer tensor, got {prompt.dtype} {tuple(prompt.shape)}")
+        prompt = prompt.tolist()
+    if not isinstance(prompt, (list, tuple)):
+        raise TypeError(f"prompt must be text or a sequence of token ids, got {type(prompt).__name__}")
+    ids = list(prompt)
+    if not ids:
+        raise ValueError("prompt is empty; give some text or token ids")
+    for i, t in enumerate(ids):
+        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+            raise ValueError(f"prompt ids must be non-negative ints, position {i} holds {t!r}")
+    return ids
+
+
+def eos_token_ids(target: LoadedModel) -> tuple[int, ...]:
+    """End-of-sequence ids of ``target``: its generation config's plus its tokenizer's."""
+    found: list[int] = []
+    gen_config = getattr(target.model, "generation_config", None)
+    for source in (getattr(gen_config, "eos_token_id", None), getattr(target.tokenizer, "eos_token_id", None)):
+        if source is None:
+            continue
+        for t in ([source] if isinstance(source, int) else list(source)):
+            if int(t) not in found:
+                found.append(int(t))
+    return tuple(found)
+
+
+def _commit(tokens: Sequence[int], eos: Sequence[int]) -> tuple[list[int], bool]:
+    """``tokens`` up to and including the first end-of-sequence token, and whether one was hit."""
+    for i, t in enumerate(tokens):
+        if t in eos:
+            return list(tokens[:i + 1]), True
+    return list(tokens), False
+
+
+def _limit_depth(tree: DraftTree, max_depth: int) -> DraftTree:
+    """``tree`` without nodes deeper than ``max_depth``."""
+    d = depths(tree)
+    if int(d.max()) <= max_depth:
+        return tree
+    return tree.subtree(torch.nonzero(d <= max_depth).flatten().tolist())
+
+
+def _as_verifier(verifier: str | Verifier) -> Verifier:
+    if isinstance(verifier, Verifier):
+        return verifier
+    if isinstance(verifier, str):
+        return get_verifier(verifier)
+    raise TypeError(f"verifier must be a name or a Verifier, got {type(verifier).__name__}")
+
+
+def _check_budget(max_new_tokens: int) -> None:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+
+
+def _check_prompt(target: LoadedModel, ids: list[int]) -> None:
+    limit = target.max_context
+    if len(ids) >= limit:
+        raise ValueError(
+            f"the prompt has {len(ids)} tokens but {target.name} handles at most {limit}; "
+            "shorten it to leave room for at least one new token")
+    top = max(ids)
+    if top >= target.vocab_size:
+        raise ValueError(f"prompt token id {top} is outside the vocabulary of {target.name} ({target.vocab_size})")
+
+
+def _check_drafter(target: LoadedModel, drafter: Drafter) -> None:
+    if not isinstance(drafter, Drafter):
+        raise TypeError(f"drafter must be a specviz Drafter, got {type(drafter).__name__}")
+    for tok in drafter.tokenizers:
+        if tok is not target.tokenizer:
+            check_same_tokenizer(target.tokenizer, tok)
+
+
+def _checked_tree(tree, drafter: Drafter, context: list[int], vocab: int) -> DraftTree:
+    """The drafter's tree, validated; None (no proposal) becomes a root-only tree."""
+    if tree is None:
+        return DraftTree.from_lists([context[-1]], [-1])
+    if not isinstance(tree, DraftTree):
+        raise TypeError(f"drafter {drafter.name!r} returned {type(tree).__name__}, expected a DraftTree")
+    if int(tree.tokens[0]) != context[-1]:
+        raise ValueError(f"drafter {drafter.name!r} returned a tree rooted at token {int(tree.tokens[0])}; "
+                         f"the root must be the last committed token {context[-1]}")
+    top = int(tree.tokens.max())
+    if top >= vocab:
+        raise ValueError(f"drafter {drafter.name!r} proposed token id {top}, outside the target's vocabulary ({vocab})")
+    return tree
+
+
+def _node_probs(tree: DraftTree, logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    """``(N,)`` target probability of each node's token at its parent; ``logits`` ``(N, V)``."""
+    dist = torch.softmax(logits, dim=-1) if config.greedy else probs_from_logits(logits, config)  # (N, V)
+    out = torch.ones(tree.n_nodes)
+    if tree.n_nodes > 1:
+        out[1:] = dist[tree.parents[1:], tree.tokens[1:]]
+    return out
+
+
+# -- the engine ---------------------------------------------------------------------------------
+
+class _Row:
+    """Per-sequence state of a running batch."""
+
+    def __init__(self, prompt: list[int], drafter: Drafter, generator: torch.Generator) -> None:
+        self.prompt = prompt
+        self.tokens = list(prompt)  # committed: prompt + generated
+        self.drafter = drafter
+        self.generator = generator
+        self.steps: list[StepTrace] = []
+        self.stop_reason = ""
+        self.wall_time_s = 0.0
+
+    @property
+    def generated(self) -> int:
+        return len(self.tokens) - len(self.prompt)
+
+
+def _prefill(target: LoadedModel, contexts: list[list[int]]):
+    """A cache holding every context except its last token (right-padded rows)."""
+    cache = new_cache(target.model)
+    lens = [len(c) - 1 for c in contexts]
+    m = max(lens)
+    if m == 0:
+        return cache
+    b = len(contexts)
+    ids = torch.zeros(b, m, dtype=torch.long)  # (B, m)
+    for r, c in enumerate(contexts):
+        ids[r, :lens[r]] = torch.tensor(c[:-1])
+    pos = torch.arange(m).expand(b, m)  # (B, m)
+    allowed = None
+    if min(lens) != m:
+        q = torch.arange(m)[:, None]
+        k = torch.arange(m)[None, :]
+        valid = k < torch.tensor(lens)[:, None, None]  # (B, 1, m)
+        # padding queries see themselves so their (ignored) outputs stay finite
+        allowed = (k <= q) & (valid | (k == q))  # (B, m, m)
+    forward_tokens(target.model, cache, ids, pos, allowed, logits_to_keep=1)
+    return cache
+
+
+def _finish(target: LoadedModel, row: _Row, start: float, drafter_name: str, verifier: str,
+            config: SamplingConfig, max_new_tokens: int) -> GenerationResult:
+    out = tuple(row.tokens[len(row.prompt):])
+    return GenerationResult(
+        prompt_ids=tuple(row.prompt), output_ids=out,
+        text=target.tokenizer.decode(list(out), skip_special_tokens=True),
+        steps=tuple(row.steps), wall_time_s=row.wall_time_s or time.perf_counter() - start,
+        stop_reason=row.stop_reason, drafter=drafter_name, verifier=verifier, config=config,
+        max_new_tokens=max_new_tokens)
+
+
+def _stop_reason(row: _Row, hit_eos: bool, max_new_tokens: int, max_context: int) -> str:
+    if hit_eos:
+        return "eos"
+    if row.generated >= max_new_tokens:
+        return "max_new_tokens"
+    if len(row.tokens) >= max_context:
+        return "context_limit"
+    return ""
+
+
+def _run(target: LoadedModel, drafters: list[Drafter], prompts: list[list[int]], max_new_tokens: int,
+         config: SamplingConfig, verifier: Verifier, seeds: list[int], analyze: bool,
+         keep_draft_probs: bool) -> list[GenerationResult]:
+    start = time.perf_counter()
+    eos = eos_token_ids(target)
+    limit = target.max_context
+    vocab = target.vocab_size
+    mode = verifier.sibling_sampling
+    rows = [_Row(p, d, make_generator(s)) for p, d, s in zip(prompts, drafters, seeds)]
+    for row in rows:
+        row.drafter.reset()
+    active = list(range(len(rows)))
+    cache = _prefill(target, [r.tokens for r in rows])
+    while active:
+        t0 = time.perf_counter()
+        drafted = draft_all([rows[i].drafter for i in active], [torch.tensor(rows[i].tokens) for i in active],
+                            config, mode, [rows[i].generator for i in active])
+        draft_time = time.perf_counter() - t0
+        trees = []
+        for i, tree in zip(active, drafted):
+            row = rows[i]
+            tree = _checked_tree(tree, row.drafter, row.tokens, vocab)
+            room = min(max_new_tokens - row.generated, limit - len(row.tokens))
+            trees.append(_limit_depth(tree, room - 1))
+        prefix = [len(rows[i].tokens) - 1 for i in active]
+        assert cache_length(cache) == max(prefix), "cache length out of sync with the committed prefixes"
+        batch = pad_trees(trees, prefix)
+        t0 = time.perf_counter()
+        logits = forward_tokens(target.model, cache, batch.tokens, batch.position_ids, batch.mask)  # (B, Nmax, V)
+        forward_time = time.perf_counter() - t0
+        pmax = max(prefix)
+        keep_rows, dst, src = [], [], []
+        for b, i in enumerate(active):
+            row, tree = rows[i], trees[b]
+            row_logits = logits[b, :tree.n_nodes]  # (N, V)
+            t0 = time.perf_counter()
+            acc = verifier(tree, row_logits, config, row.generator)
+            verify_time = forward_time + time.perf_counter() - t0
+            if analyze:
+                node_probs = _node_probs(tree, row_logits, config)
+                expected = verifier.expected_accept_length(tree, row_logits, config)
+            else:
+                node_probs = torch.full((tree.n_nodes,), float("nan"))
+                expected = float("nan")
+            trace = StepTrace(
+                step=len(row.steps),
+                tree=tree if keep_draft_probs or tree.draft_probs is None else replace(tree, draft_probs=None),
+                acceptance=acc, target_token_probs=node_probs, expected_accept_length=expected,
+                draft_time_s=draft_time, verify_time_s=verify_time, drafter=row.drafter.name,
+                context_len=len(row.tokens))
+            row.steps.append(trace)
+            row.drafter.observe(trace)
+            committed, hit_eos = _commit(acc.committed_tokens, eos)
+            row.tokens.extend(committed)
+            row.stop_reason = _stop_reason(row, hit_eos, max_new_tokens, limit)
+            if row.stop_reason:
+                row.wall_time_s = time.perf_counter() - start
+                continue
+            keep_rows.append(b)
+            dst.append(prefix[b])
+            src.append([pmax] + [pmax + n for n in acc.accepted_nodes])
+        active = [active[b] for b in keep_rows]
+        if not active:
+            break
+        if len(keep_rows) < len(trees):
+            select_rows(cache, keep_rows)
+        compact_cache(cache, dst, src, max(d + len(s) for d, s in zip(dst, src)))
+    name = drafters[0].name
+    return [_finish(target, row, start, name, verifier.name, config, max_new_tokens) for row in rows]
+
+
+def _prepare(target: LoadedModel, drafter: Drafter, prompts: Sequence, max_new_tokens: int, chat: bool,
+             config: SamplingConfig, verifier) -> tuple[list[list[int]], Verifier]:
+    if not isinstance(target, LoadedModel):
+        raise TypeError(f"target must be a specviz LoadedModel, got {type(target).__name__}")
+    if not isinstance(config, SamplingConfig):
+        raise TypeError(f"config must be a SamplingConfig, got {type(config).__name__}")
+    _check_budget(max_new_tokens)
+    _check_drafter(target, drafter)
+    ids = [encode_prompt(target.tokenizer, p, chat) for p in prompts]
+    for p in ids:
+        _check_prompt(target, p)
+    return ids, _as_verifier(verifier)
+
+
+def speculative_generate(target: LoadedModel, drafter: Drafter, prompt: str | Sequence[int], *,
+                         max_new_tokens: int = 64, config: SamplingConfig = GREEDY,
+                         verifier: str | Verifier = "greedy", seed: int = 0, chat: bool = True,
+                         analyze: bool = True, keep_draft_probs: bool = False) -> GenerationResult:
+    """Generate with speculative decoding: ``drafter`` proposes, ``target`` verifies.
+
+    The drafter is reset first, so a run depends only on its arguments.
+
+    Args:
+        target: the target model.
+        drafter: any :class:`~specviz.drafters.Drafter`.
+        prompt: text (chat template applied when ``chat``) or token ids.
+        max_new_tokens: token budget.
+        config: sampling configuration (greedy by default), shared by drafter and verifier.
+        verifier: a rule name from :data:`specviz.verify.VERIFIERS` or a Verifier.
+        seed: seeds the generator that drafting and verification draw from.
+        chat: apply the chat template to text prompts.
+        analyze: compute per-node target probabilities and the exact expected acceptance
+            (costs a little; turn off for timing runs).
+        keep_draft_probs: keep each tree's ``(N, V)`` draft distributions in the trace
+            (large for real vocabularies).
+
+    Returns:
+        A :class:`GenerationResult`; stops on an end-of-sequence token, after
+        ``max_new_tokens``, or at the target's context limit.
+
+    Raises:
+        ValueError: empty prompt, prompt that fills the context, bad budget, a drafter tree
+            with the wrong root; :class:`~specviz.models.TokenizerMismatchError` when the
+            drafter's tokenizer differs from the target's.
+    """
+    ids, rule = _prepare(target, drafter, [prompt], max_new_tokens, chat, config, verifier)
+    return _run(target, [drafter], ids, max_new_tokens, config, rule, [seed], analyze, keep_draft_probs)[0]
+
+
+def speculative_generate_batch(target: LoadedModel, drafter: Drafter, prompts: Sequence[str | Sequence[int]], *,
+                               max_new_tokens: int = 64, config: SamplingConfig = GREEDY,
+                               verifier: str | Verifier = "greedy", seed: int | Sequence[int] = 0,
+                               chat: bool = True, analyze: bool = True,
+                               keep_draft_probs: bool = False) -> list[GenerationResult]:
+    """Speculative decoding of several prompts at once, one target call per step for all rows.
+
+    Every row gets its own copy of ``drafter`` (:meth:`~specviz.drafters.Drafter.spawn`)
+    and its own generator; the rows' draft-model forwards are batched too
+    (:func:`~specviz.drafters.draft_all`). Rows accept different numbers of tokens, so
+    their committed lengths drift apart and the caches keep per-row lengths. A row that
+    stops leaves the batch. Each row's output equals running that prompt alone with the same seed
+    (exactly in fp32 up to float rounding of padded shapes).
+
+    Args:
+        prompts: one prompt per row.
+        seed: one seed for every row, or one per row.
+        Other arguments as in :func:`speculative_generate`.
+    """
+    if isinstance(prompts, (str, torch.Tensor)) or not len(prompts):
+        raise ValueError("prompts must be a non-empty list of prompts")
+    seeds = [seed] * len(prompts) if isinstance(seed, int) else list(seed)
+    if len(seeds) != len(prompts):
+        raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
+    ids, rule = _prepare(target, drafter, prompts, max_new_tokens, chat, config, verifier)
+    drafters = [drafter.spawn() for _ in ids]
+    return _run(target, drafters, ids, max_new_tokens, config, rule, seeds, analyze, keep_draft_probs)
+
+
+@torch.no_grad()
+def plain_generate(target: LoadedModel, prompt: str | Sequence[int], *, max_new_tokens: int = 64,
+                   config: SamplingConfig = GREEDY, seed: int = 0, chat: bool = True,
+                   stop_at_eos: bool = True) -> GenerationResult:
+    """Target-only decoding, one token per forward with a KV cache: the baseline for
+    speedups and the reference for identity tests.
+
+    Args:
+        stop_at_eos: stop after an end-of-sequence token (False keeps going to
+            ``max_new_tokens``, which :func:`replay_acceptance` can use).
+        Other arguments as in :func:`speculative_generate`.
+    """
+    if not isinstance(config, SamplingConfig):
+        raise TypeError(f"config must be a SamplingConfig, got {type(config).__name__}")
+    _check_budget(max_new_tokens)
+    ids = encode_prompt(target.tokenizer, prompt, chat)
+    _check_prompt(target, ids)
+    start = time.perf_counter()
+    eos = eos_token_ids(target) if stop_at_eos else ()
+    generator = make_generator(seed)
+    cache = new_cache(target.model)
+    tokens = list(ids)
+    feed = torch.tensor([ids])  # (1, L)
+    reason = ""
+    while not reason:
+        pos = torch.arange(len(tokens) - feed.shape[1], len(tokens))[None]  # (1, n)
+        logits = forward_tokens(target.model, cache, feed, pos, None, logits_to_keep=1)[0, -1]  # (V,)
+        if config.greedy:
+            nxt = int(logits.argmax())
+        else:
+            nxt = int(sample(probs_from_logits(logits, config), generator)[0])
+        tokens.append(nxt)
+        new = len(tokens) - len(ids)
+        if nxt in eos:
+            reason = "eos"
+        elif new >= max_new_tokens:
+            reason = "max_new_tokens"
+        elif len(tokens) >= target.max_context:
+            reason = "context_limit"
+        feed = torch.tensor([[nxt]])
+    out = tuple(tokens[len(ids):])
+    return GenerationResult(
+        prompt_ids=tuple(ids), output_ids=out, text=target.tokenizer.decode(list(out), skip_special_tokens=True),
+        steps=(), wall_time_s=time.perf_counter() - start, stop_reason=reason, drafter="none",
+        verifier="none", config=config, max_new_tokens=max_new_tokens)
+
+
+def replay_acceptance(target: LoadedModel, drafter: Drafter, reference: GenerationResult, *,
+                      max_new_tokens: int | None = None) -> GenerationResult:
+    """Greedy acceptance of ``drafter`` along a recorded greedy continuation, no target calls.
+
+    Under greedy decoding the committed sequence does not depend on the drafter, so the
+    target's greedy continuation decides every step: walking the draft tree from the root,
+    a child is accepted iff its token is the next token of the continuation (the first
+    such child, as :class:`~specviz.verify.GreedyVerifier` does), and the bonus is the
+    continuation token after the accepted path. The steps, trees and acceptances equal
+    those of a live greedy run with the same drafter and budget; only the target's
+    per-node probabilities are unknown (NaN) and ``verify_time_s`` is 0.
+
+    Args:
+        target: the target model (only its tokenizer, end-of-sequence ids and context
+            limit are used).
+        drafter: any drafter; it is reset first.
+        reference: a greedy run of the target on the prompt, e.g. ``plain_generate(...,
+            stop_at_eos=False)``, whose ``output_ids`` cover every position the replay
+            needs.
+        max_new_tokens: token budget (default ``reference.max_new_tokens``).
+
+    Raises:
+        ValueError: a non-greedy reference, or one that ends before a position a step
+            needs (possible when it stopped at an end-of-sequence token that a draft
+            then proposed; record it with ``stop_at_eos=False``).
+    """
+    if not isinstance(reference, GenerationResult):
+        raise TypeError(f"reference must be a GenerationResult, got {type(reference).__name__}")
+    if not reference.config.greedy:
+        raise ValueError(f"replay needs a greedy reference, got temperature {reference.config.temperature}")
+    budget = reference.max_new_tokens if max_new_tokens is None else max_new_tokens
+    _check_budget(budget)
+    _check_drafter(target, drafter)
+    start = time.perf_counter()
+    eos = eos_token_ids(target)
+    cont = list(reference.output_ids)
+    row = _Row(list(reference.prompt_ids), drafter, make_generator(0))
+    drafter.reset()
+    while not row.stop_reason:
+        room = min(budget - row.generated, target.max_context - len(row.tokens))
+        t0 = time.perf_counter()
+        tree = drafter.draft(torch.tensor(row.tokens), GREEDY, "greedy", row.generator)
+        draft_time = time.perf_counter() - t0
+        tree = _limit_depth(_checked_tree(tree, drafter, row.tokens, target.vocab_size), room - 1)
+        acc = _replay_step(tree, cont, row.generated)
+        trace = StepTrace(step=len(row.steps), tree=tree, acceptance=acc,
+                          target_token_probs=torch.full((tree.n_nodes,), float("nan")),
+                          expected_accept_length=float(acc.accept_length), draft_time_s=draft_time,
+                          verify_time_s=0.0, drafter=drafter.name, context_len=len(row.tokens))
+        row.steps.append(trace)
+        drafter.observe(trace)
+        committed, hit_eos = _commit(acc.committed_tokens, eos)
+        row.tokens.extend(committed)
+        row.stop_reason = _stop_reason(row, hit_eos, budget, target.max_context)
+    return _finish(target, row, start, drafter.name, "greedy", GREEDY, budget)
+
+
+def _replay_step(tree: DraftTree, continuation: list[int], offset: int) -> Acceptance:
+    """The greedy verifier's acceptance of ``tree`` when the target's next tokens are
+    ``continuation[offset:]``."""
+    tokens = tree.tokens.tolist()
+    parents = tree.parents.tolist()
+    children: list[list[int]] = [[] for _ in tokens]
+    for i in range(1, len(tokens)):
+        children[parents[i]].append(i)
+    accept_prob = [float("nan")] * len(tokens)
+    accept_prob[0] = 1.0
+    tried = [False] * len(tokens)
+    tried[0] = True
+    path: list[int] = []
+    u = 0
+    while True:
+        at = offset + len(path)
+        if at >= len(continuation):
+            raise ValueError(
+                f"the reference has {len(continuation)} new tokens but this step needs token {at}; "
+                "record the reference with plain_generate(..., stop_at_eos=False) and a budget at least "
+                "as large as the replay's")
+        best = continuation[at]
+        chosen = None
+        for s in children[u]:
+            tried[s] = True
+            accept_prob[s] = 1.0 if tokens[s] == best else 0.0
+            if tokens[s] == best:
+                chosen = s
+                break
+        if chosen is None:
+            return Acceptance(
+                accepted_nodes=tuple(path), accepted_tokens=tuple(tokens[s] for s in path), bonus_token=best,
+                node_accept_prob=torch.tensor(accept_prob, dtype=torch.float32),
+                tried=torch.tensor(tried, dtype=torch.bool), rule="greedy", lossless=True)
+        path.append(chosen)
+        u = chosen

@@ -1,0 +1,266 @@
+"""End-to-end speed on this machine: what a step costs, and the speedup that predicts.
+
+A speculative step costs the drafter's forwards plus one target forward over the tree;
+plain decoding costs one target forward per token. With ``tau`` tokens committed per
+step, the speedup a cost model predicts is
+
+    speedup = tau * t_target(1) / (t_draft_step + t_target(N)),
+
+with ``N`` the tree's nodes (root included). :func:`forward_cost_curve` measures
+``t(n)``, the time of one forward of ``n`` new tokens after a fixed prefix, for the
+target and the draft; :class:`CostModel` interpolates the curves;
+:func:`tree_step_cost` prices one step of a static shape the way
+:class:`~specviz.drafters.TreeDrafter` runs it (one draft forward to catch up on the
+bonus token, then one per level of nodes that have children);
+:func:`sequoia_plan` scores Sequoia's optimal tree at every (budget, depth limit)
+with it, which answers "which tree size is best on this hardware";
+:func:`timed_run` measures one generation, plain or speculative.
+
+Dimension legend: n = new tokens fed to one forward, N = tree nodes including the root.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import pandas as pd
+import torch
+
+from specviz.decode import plain_generate, speculative_generate
+from specviz.drafters import Drafter
+from specviz.kvcache import crop_cache, forward_tokens, new_cache
+from specviz.models import LoadedModel
+from specviz.sampling import GREEDY, make_generator
+from specviz.sequoia import expected_tokens, sequoia_tree
+from specviz.shapes import TreeShape
+from specviz.timing import time_call
+
+__all__ = [
+    "forward_cost_curve",
+    "CostModel",
+    "StepCost",
+    "tree_step_cost",
+    "predicted_speedup",
+    "sequoia_plan",
+    "SpeedRun",
+    "timed_run",
+]
+
+
+@torch.no_grad()
+def forward_cost_curve(model: LoadedModel, sizes: Sequence[int], *, prefix_len: int = 200, warmup: int = 1,
+                       repeats: int = 3, seed: int = 0) -> pd.DataFrame:
+    """Time one forward of ``n`` new tokens after a ``prefix_len``-token KV cache, for each ``n``.
+
+    The new tokens attend causally to the cache and to each other; a tree mask costs the
+    same (the attention is one dense call either way, notebook 05), so this is the cost
+    of verifying ``n`` tree nodes, or of drafting one level of ``n`` nodes.
+
+    Args:
+        model: the model to time.
+        sizes: new-token counts, each >= 1.
+        prefix_len: tokens already in the cache.
+        warmup, repeats: as in :func:`specviz.timing.time_call` (one call per repeat).
+        seed: seeds the random token ids.
+
+    Returns:
+        Columns ``model, dtype, threads, n_tokens, prefix_len, median_ms, min_ms``.
+    """
+    sizes = list(sizes)
+    if not sizes or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sizes):
+        raise ValueError(f"sizes must be a non-empty list of ints >= 1, got {sizes!r}")
+    if isinstance(prefix_len, bool) or not isinstance(prefix_len, int) or prefix_len < 1:
+        raise ValueError(f"prefix_len must be an int >= 1, got {prefix_len!r}")
+    gen = make_generator(seed)
+    vocab = model.vocab_size
+    cache = new_cache(model.model)
+    prefix = torch.randint(0, vocab, (1, prefix_len), generator=gen)  # (1, P)
+    forward_tokens(model.model, cache, prefix, torch.arange(prefix_len)[None], None, logits_to_keep=1)
+    rows = []
+    for n in sizes:
+        ids = torch.randint(0, vocab, (1, n), generator=gen)  # (1, n)
+        pos = torch.arange(prefix_len, prefix_len + n)[None]  # (1, n)
+
+        def step() -> None:
+            forward_tokens(model.model, cache, ids, pos, None)
+            crop_cache(cache, prefix_len)
+
+        t = time_call(step, warmup=warmup, repeats=repeats, min_time_s=0.0)
+        rows.append({"model": model.name, "dtype": str(model.dtype).removeprefix("torch."),
+                     "threads": torch.get_num_threads(), "n_tokens": n, "prefix_len": prefix_len,
+                     "median_ms": 1e3 * t.median_s, "min_ms": 1e3 * t.min_s})
+    return pd.DataFrame(rows)
+
+
+def _interpolate(points: tuple[tuple[int, float], ...], n: float) -> float:
+    """Piecewise-linear through ``points``, extended linearly beyond the ends (never below 0)."""
+    if len(points) == 1:
+        return points[0][1]
+    i = next((j for j in range(1, len(points)) if n <= points[j][0]), len(points) - 1)
+    (x0, y0), (x1, y1) = points[i - 1], points[i]
+    return max(0.0, y0 + (n - x0) * (y1 - y0) / (x1 - x0))
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Forward times of the target and the draft as functions of the tokens fed.
+
+    Attributes:
+        target_ms: ``((n, ms), ...)`` measured points of the target, increasing ``n``.
+        draft_ms: the same for the draft model.
+    """
+
+    target_ms: tuple[tuple[int, float], ...]
+    draft_ms: tuple[tuple[int, float], ...]
+
+    def __post_init__(self) -> None:
+        for name in ("target_ms", "draft_ms"):
+            points = tuple((int(n), float(ms)) for n, ms in getattr(self, name))
+            if not points or [n for n, _ in points] != sorted({n for n, _ in points}):
+                raise ValueError(f"{name} must list (n, ms) points with distinct increasing n, got {points}")
+            object.__setattr__(self, name, points)
+
+    @classmethod
+    def from_curves(cls, target: pd.DataFrame, draft: pd.DataFrame, column: str = "min_ms") -> "CostModel":
+        """From two :func:`forward_cost_curve` tables (``column``: ``min_ms``, the steadier
+        estimate on a busy machine, or ``median_ms``)."""
+        def points(df: pd.DataFrame) -> tuple[tuple[int, float], ...]:
+            df = df.sort_values("n_tokens")
+            return tuple(zip(df["n_tokens"].astype(int).tolist(), df[column].astype(float).tolist()))
+        return cls(points(target), points(draft))
+
+    def target_s(self, n: float) -> float:
+        """Seconds for one target forward of ``n`` tokens (linear between measured points)."""
+        return 1e-3 * _interpolate(self.target_ms, n)
+
+    def draft_s(self, n: float) -> float:
+        """Seconds for one draft forward of ``n`` tokens."""
+        return 1e-3 * _interpolate(self.draft_ms, n)
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Predicted cost of one speculative step.
+
+    Attributes:
+        draft_s: the drafter's forwards.
+        verify_s: the target forward over the tree (root included).
+        draft_forwards: number of draft forwards.
+    """
+
+    draft_s: float
+    verify_s: float
+    draft_forwards: int
+
+    @property
+    def step_s(self) -> float:
+        return self.draft_s + self.verify_s
+
+
+def tree_step_cost(shape: TreeShape, costs: CostModel) -> StepCost:
+    """Cost of one step of ``TreeDrafter(draft, shape)``: one draft forward of the bonus
+    token, one per depth level holding nodes with children (those nodes in one batch),
+    and one target forward of the whole tree."""
+    if not isinstance(shape, TreeShape):
+        raise TypeError(f"shape must be a TreeShape, got {type(shape).__name__}")
+    has_child = [False] * shape.n_nodes
+    for p in shape.parents[1:]:
+        has_child[p] = True
+    fed: dict[int, int] = {}
+    for i, d in enumerate(shape.depths()):
+        if i > 0 and has_child[i]:
+            fed[d] = fed.get(d, 0) + 1
+    draft = costs.draft_s(1) + sum(costs.draft_s(n) for n in fed.values())
+    return StepCost(draft, costs.target_s(shape.n_nodes), 1 + len(fed))
+
+
+def predicted_speedup(tau: float, step: StepCost, costs: CostModel) -> float:
+    """``tau * t_target(1) / (draft + verify)``: plain decoding's time for ``tau`` tokens
+    over one speculative step's."""
+    return tau * costs.target_s(1) / step.step_s if step.step_s > 0 else math.nan
+
+
+def sequoia_plan(acceptance: Sequence[float], budgets: Sequence[int], max_depths: Sequence[int],
+                 costs: CostModel) -> pd.DataFrame:
+    """Sequoia's optimal tree for every (budget, depth limit), priced on this machine.
+
+    Returns:
+        One row per feasible pair: ``budget, max_depth, depth, draft_forwards,
+        expected_tau`` (positional model), ``draft_ms, verify_ms, step_ms``,
+        ``ms_per_token`` (step / tau) and ``predicted_speedup``; sorted by
+        ``ms_per_token`` (best first).
+    """
+    k = len(acceptance)
+    rows = []
+    for n in budgets:
+        for d in max_depths:
+            if sum(k ** j for j in range(1, d + 1)) < n:
+                continue
+            shape = sequoia_tree(acceptance, n, d).shape
+            tau = expected_tokens(shape, acceptance)
+            cost = tree_step_cost(shape, costs)
+            rows.append({"budget": n, "max_depth": d, "depth": shape.depth, "draft_forwards": cost.draft_forwards,
+                         "expected_tau": tau, "draft_ms": 1e3 * cost.draft_s, "verify_ms": 1e3 * cost.verify_s,
+                         "step_ms": 1e3 * cost.step_s, "ms_per_token": 1e3 * cost.step_s / tau,
+                         "predicted_speedup": predicted_speedup(tau, cost, costs)})
+    if not rows:
+        raise ValueError(f"no budget in {list(budgets)} fits any depth limit in {list(max_depths)}")
+    return pd.DataFrame(rows).sort_values(["ms_per_token", "budget"], kind="stable").reset_index(drop=True)
+
+
+@dataclass(frozen=True)
+class SpeedRun:
+    """One timed greedy generation.
+
+    Attributes:
+        method: a label.
+        new_tokens: tokens generated.
+        wall_s: wall time of the call (prefill included).
+        steps: target calls after the prefill (plain decoding: one per token).
+        drafted: draft tokens proposed.
+        accepted: draft tokens accepted.
+        draft_s: time spent drafting (0 for plain decoding).
+        verify_s: time spent in target forwards over trees (0 for plain decoding).
+        mean_nodes: mean tree nodes per step, root included (1 for plain decoding).
+        output_ids: the generated ids.
+    """
+
+    method: str
+    new_tokens: int
+    wall_s: float
+    steps: int
+    drafted: int
+    accepted: int
+    draft_s: float
+    verify_s: float
+    mean_nodes: float
+    output_ids: tuple[int, ...]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s > 0 else math.nan
+
+    @property
+    def tau(self) -> float:
+        """Tokens committed per target call."""
+        return self.new_tokens / self.steps if self.steps else math.nan
+
+
+def timed_run(target: LoadedModel, drafter: Drafter | None, prompt: str | Sequence[int], *, max_new_tokens: int,
+              method: str | None = None) -> SpeedRun:
+    """One greedy generation, timed: plain decoding when ``drafter`` is None, otherwise
+    :func:`~specviz.decode.speculative_generate` with the greedy verifier (``analyze``
+    off, so no time goes to analysis)."""
+    if drafter is None:
+        r = plain_generate(target, prompt, max_new_tokens=max_new_tokens, config=GREEDY)
+        return SpeedRun(method or "plain", r.n_new_tokens, r.wall_time_s, r.n_new_tokens, 0, 0, 0.0, 0.0, 1.0,
+                        r.output_ids)
+    r = speculative_generate(target, drafter, prompt, max_new_tokens=max_new_tokens, config=GREEDY,
+                             verifier="greedy", analyze=False)
+    steps = r.steps
+    return SpeedRun(
+        method or drafter.name, r.n_new_tokens, r.wall_time_s, len(steps), sum(s.tree.budget for s in steps),
+        sum(s.acceptance.accept_length for s in steps), sum(s.draft_time_s for s in steps),
+        sum(s.verify_time_s for s in steps), sum(s.tree.n_nodes for s in steps) / max(1, len(steps)), r.output_ids)

@@ -1,0 +1,653 @@
+"""The study, headless: run the notebooks in order with papermill, resumably.
+
+One command runs the whole study with a named preset::
+
+    python -m specviz.study                      # preset "quick"
+    python -m specviz.study --preset full --out outputs/full-run
+    python -m specviz.study --only 02,05 --force  # re-run two notebooks
+
+Everything a run produces lands under its output directory (default
+``outputs/<preset>/``):
+
+* ``notebooks/`` - the executed notebooks (papermill fills in the parameters);
+* ``html/`` - each executed notebook as a standalone HTML page (plotly.js inlined, so
+  the figures work offline), and ``report.html`` for the preset's report notebook;
+* ``tables/`` - tidy results as CSV and Parquet (:func:`specviz.results.save_table`);
+* ``partial/`` - unit-by-unit progress of long notebooks (:class:`specviz.results.ResultStore`);
+* ``state/`` - one done-marker per finished notebook, holding a fingerprint of the
+  notebook's source and parameters; ``study.json`` - what ran, with which parameters.
+
+Re-running the same command skips every notebook whose marker matches (same source,
+same parameters, same prompt file contents) and resumes long notebooks unit by unit,
+so an interrupted run loses at most the unit that was in flight.
+
+Notebooks receive ``out_dir`` (the run directory) and, when they declare them,
+``prompts_path`` and ``prompt_limit`` from ``--prompts`` and ``--limit``; the rest of
+their parameters come from the preset (:data:`PRESETS`). The kernel is the Jupyter
+``python3`` kernel of the interpreter running the study, so the study always uses the
+environment it was started from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+from specviz.paths import NOTEBOOKS_DIR, OUTPUTS_DIR
+from specviz.results import atomic_write_text
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "NotebookRun",
+    "Preset",
+    "PRESETS",
+    "StudyConfigError",
+    "NotebookFailedError",
+    "NotebookOutcome",
+    "StudyResult",
+    "get_preset",
+    "declared_parameters",
+    "notebook_parameters",
+    "run_study",
+    "export_html",
+    "clean_notebook",
+    "refresh_committed",
+    "setup_notebook",
+    "main",
+]
+
+KERNEL_NAME = "python3"
+
+
+class StudyConfigError(ValueError):
+    """A study that cannot start: unknown preset or notebook, bad prompt file or limit,
+    a preset parameter the notebook does not declare, or the wrong Jupyter kernel."""
+
+
+class NotebookFailedError(RuntimeError):
+    """A notebook raised while it ran; the executed copy shows the traceback."""
+
+
+@dataclass(frozen=True)
+class NotebookRun:
+    """One notebook of a preset and the papermill parameters it runs with.
+
+    Attributes:
+        notebook: file name under ``notebooks/``, e.g. ``"05_tree_attention_timing.ipynb"``.
+        parameters: values for the notebook's ``parameters`` cell (only names the
+            notebook declares; the pipeline adds ``out_dir``, ``prompts_path`` and
+            ``prompt_limit`` itself).
+    """
+
+    notebook: str
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.notebook.endswith(".ipynb") or "/" in self.notebook:
+            raise ValueError(f"notebook must be a file name ending in .ipynb, got {self.notebook!r}")
+        clash = sorted(set(self.parameters) & {"out_dir"})
+        if clash:
+            raise ValueError(f"{self.notebook}: {clash} is set by the pipeline, not by presets")
+        object.__setattr__(self, "parameters", MappingProxyType(dict(self.parameters)))
+
+    @property
+    def stem(self) -> str:
+        """File name without ``.ipynb``, e.g. ``"05_tree_attention_timing"``."""
+        return self.notebook[: -len(".ipynb")]
+
+    @property
+    def number(self) -> str:
+        """The two-digit prefix, e.g. ``"05"``."""
+        return self.notebook.split("_", 1)[0]
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named study configuration: which notebooks run, in order, with what parameters.
+
+    Attributes:
+        name: the ``--preset`` value.
+        description: one line for ``--list`` and the README.
+        runs: the notebooks in execution order.
+        report: stem of the notebook exported as ``report.html`` (None: no report).
+    """
+
+    name: str
+    description: str
+    runs: tuple[NotebookRun, ...]
+    report: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.runs:
+            raise ValueError(f"preset {self.name!r} runs no notebooks")
+        names = [r.notebook for r in self.runs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"preset {self.name!r} lists a notebook twice: {names}")
+        if self.report is not None and self.report not in {r.stem for r in self.runs}:
+            raise ValueError(f"preset {self.name!r}: report notebook {self.report!r} is not among its runs")
+
+
+_TREES = "02_trees_masks_attention.ipynb"
+_RULES = "04_verification_rules.ipynb"
+_TIMING = "05_tree_attention_timing.ipynb"
+
+#: The presets, by name. ``smoke`` is the smallest run of every notebook (seconds; the
+#: tests use it), ``quick`` the default study, ``full`` everything at full size.
+PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
+    Preset("smoke", "every notebook at its smallest size: checks an installation in about a minute", (
+        NotebookRun(_TREES),
+        NotebookRun(_RULES, {"trials": 100, "expected_trees": 10}),
+        NotebookRun(_TIMING, {"batch_sizes": [1], "prefix_lens": [16], "budgets": [8],
+                              "warmup": 0, "repeats": 1}),
+    )),
+    Preset("quick", "the default study, sized to finish in under 20 minutes on a 2-core CPU", (
+        NotebookRun(_TREES),
+        NotebookRun(_RULES, {"trials": 2000, "expected_trees": 100}),
+        NotebookRun(_TIMING, {"batch_sizes": [1, 2, 4], "prefix_lens": [128, 512, 1024],
+                              "budgets": [4, 8, 16, 32, 64], "warmup": 2, "repeats": 5}),
+    )),
+    Preset("full", "every prompt and budget, more repeats and trials", (
+        NotebookRun(_TREES),
+        NotebookRun(_RULES, {"trials": 10000, "expected_trees": 400}),
+        NotebookRun(_TIMING, {"batch_sizes": [1, 2, 4, 8], "prefix_lens": [128, 512, 1024, 2048],
+                              "budgets": [4, 8, 16, 32, 64, 128], "warmup": 3, "repeats": 10}),
+    )),
+)})
+
+
+def get_preset(name: str | Preset) -> Preset:
+    """The preset called ``name`` (a :class:`Preset` is returned as it is)."""
+    if isinstance(name, Preset):
+        return name
+    if name not in PRESETS:
+        raise StudyConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+    return PRESETS[name]
+
+
+@dataclass(frozen=True)
+class NotebookOutcome:
+    """What happened to one notebook in a run.
+
+    Attributes:
+        notebook: the notebook's stem.
+        status: ``"ran"`` or ``"skipped"`` (finished earlier with the same fingerprint).
+        elapsed_s: seconds it ran (for a skipped notebook: when it last ran).
+        executed: the executed notebook.
+        html: its HTML export.
+    """
+
+    notebook: str
+    status: str
+    elapsed_s: float
+    executed: Path
+    html: Path
+
+
+@dataclass(frozen=True)
+class StudyResult:
+    """A finished run: where it wrote, what each notebook did, and the report."""
+
+    out_dir: Path
+    preset: str
+    outcomes: tuple[NotebookOutcome, ...]
+    report: Path | None
+
+
+# -- parameters ----------------------------------------------------------------------------
+
+def declared_parameters(notebook: str | Path) -> dict[str, dict[str, Any]]:
+    """The parameters a notebook's ``parameters`` cell declares: name -> papermill's
+    description (``inferred_type_name``, ``default``, ``help``)."""
+    import papermill
+
+    return {name: dict(info) for name, info in papermill.inspect_notebook(str(notebook)).items()}
+
+
+def _check_prompts(prompts: str | Path | None) -> Path | None:
+    if prompts is None:
+        return None
+    from specviz.prompts import PromptFileError, load_prompts
+
+    path = Path(prompts).expanduser().resolve()
+    if not path.is_file():
+        raise StudyConfigError(f"prompts file not found: {path} (pass a Spec-Bench-format .jsonl file)")
+    try:
+        load_prompts(path)
+    except PromptFileError as err:
+        raise StudyConfigError(f"cannot use the prompts file: {err}") from None
+    return path
+
+
+def _check_limit(limit: int | None) -> int | None:
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise StudyConfigError(f"limit must be an int >= 1 (prompts per run), got {limit!r}")
+    return limit
+
+
+def notebook_parameters(run: NotebookRun, declared: Mapping[str, Any], out_dir: Path, *,
+                        prompts: Path | None = None, limit: int | None = None) -> dict[str, Any]:
+    """The papermill parameters for ``run``: the preset's, plus ``out_dir`` and (for
+    notebooks that declare them) ``prompts_path`` and ``prompt_limit``.
+
+    Raises:
+        StudyConfigError: if the preset sets a parameter the notebook does not declare.
+    """
+    unknown = sorted(set(run.parameters) - set(declared))
+    if unknown:
+        raise StudyConfigError(
+            f"{run.notebook} has no parameter(s) {unknown}; it declares {sorted(declared)}"
+        )
+    params = dict(run.parameters)
+    if "out_dir" in declared:
+        params["out_dir"] = str(out_dir)
+    if prompts is not None and "prompts_path" in declared:
+        params["prompts_path"] = str(prompts)
+    if limit is not None and "prompt_limit" in declared:
+        params["prompt_limit"] = limit
+    return params
+
+
+def _fingerprint(notebook: Path, params: Mapping[str, Any], prompts: Path | None) -> str:
+    """Hash of what decides a notebook's results: its cells' source, its parameters
+    (not where it writes) and the contents of the prompt file it reads."""
+    import nbformat
+
+    nb = nbformat.read(notebook, as_version=4)
+    h = hashlib.sha256()
+    for cell in nb.cells:
+        h.update(cell.cell_type.encode())
+        h.update(b"\0" + cell.source.encode() + b"\0")
+    payload = {k: v for k, v in params.items() if k != "out_dir"}
+    h.update(json.dumps(payload, sort_keys=True, default=str).encode())
+    if prompts is not None and "prompts_path" in params:
+        h.update(hashlib.sha256(prompts.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def _check_kernel() -> None:
+    """Make sure papermill's ``python3`` kernel is this interpreter."""
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    try:
+        spec = KernelSpecManager().get_kernel_spec(KERNEL_NAME)
+    except NoSuchKernel:
+        raise StudyConfigError(
+            f"no Jupyter kernel named {KERNEL_NAME!r}; install ipykernel in this environment "
+            f"({sys.executable} -m pip install ipykernel)"
+        ) from None
+    exe = spec.argv[0] if spec.argv else ""
+    # jupyter_client runs sys.executable for a spec that just says "python"/"python3".
+    if exe in {"python", "python3", f"python3.{sys.version_info.minor}"}:
+        return
+    if Path(exe).resolve() != Path(sys.executable).resolve():
+        raise StudyConfigError(
+            f"the Jupyter kernel {KERNEL_NAME!r} ({spec.resource_dir}) runs {exe}, not this "
+            f"interpreter ({sys.executable}); remove or fix that kernelspec so the notebooks run "
+            "in the environment that has specviz"
+        )
+
+
+# -- notebook files ------------------------------------------------------------------------
+
+def clean_notebook(path: str | Path) -> Path:
+    """Strip per-run noise from a notebook in place: papermill's notebook and cell
+    metadata and execution timestamps. Outputs, tags and execution counts stay.
+
+    Returns:
+        The path.
+    """
+    import nbformat
+
+    path = Path(path)
+    nb = nbformat.read(path, as_version=4)
+    nb.metadata.pop("papermill", None)
+    for cell in nb.cells:
+        for key in ("papermill", "execution", "ExecuteTime"):
+            cell.metadata.pop(key, None)
+    atomic_write_text(path, nbformat.writes(nb) + "\n")
+    return path
+
+
+def _inline_plotly(nb) -> None:
+    """Give every plotly output an HTML rendering, plotly.js inlined once (no CDN)."""
+    import plotly.io as pio
+
+    first = True
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            fig = data.get("application/vnd.plotly.v1+json")
+            if fig is None or "text/html" in data:
+                continue
+            data["text/html"] = pio.to_html(dict(fig), include_plotlyjs=first, full_html=False,
+                                            config={"displaylogo": False})
+            first = False
+
+
+# The lab template loads require.js from a CDN; with it present, the inlined plotly.js would
+# register itself as an anonymous AMD module instead of defining window.Plotly.
+_NO_REQUIREJS_TEMPLATE = (
+    "{%- extends 'lab/index.html.j2' -%}\n"
+    "{%- block html_head_js_requirejs -%}{%- endblock html_head_js_requirejs -%}\n"
+)
+
+
+def export_html(notebook: str | Path, dest: str | Path, *, hide_code: bool = False) -> Path:
+    """Export an executed notebook to one standalone HTML file that works offline.
+
+    Args:
+        notebook: the executed ``.ipynb``.
+        dest: the ``.html`` file to write (atomically).
+        hide_code: leave code cells out (for the report).
+    """
+    import jinja2
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    nb = nbformat.read(Path(notebook), as_version=4)
+    _inline_plotly(nb)
+    exporter = HTMLExporter(
+        extra_loaders=[jinja2.DictLoader({"specviz_offline.html.j2": _NO_REQUIREJS_TEMPLATE})],
+        template_file="specviz_offline.html.j2",
+    )
+    exporter.exclude_input = hide_code
+    exporter.exclude_input_prompt = hide_code
+    exporter.exclude_output_prompt = hide_code
+    body, _ = exporter.from_notebook_node(nb)
+    return atomic_write_text(dest, body)
+
+
+# The kernel's own log goes to this terminal; below CRITICAL it only says that a local
+# kernel talks over unencrypted TCP and that it was interrupted at shutdown. Errors in the
+# notebook's cells still surface, through the executed notebook and NotebookFailedError.
+_KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=CRITICAL"]
+
+
+def _execute(src: Path, dest: Path, params: Mapping[str, Any], progress: bool) -> None:
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        papermill.execute_notebook(str(src), str(dest), parameters=dict(params), kernel_name=KERNEL_NAME,
+                                   progress_bar=progress, cwd=str(NOTEBOOKS_DIR),
+                                   extra_arguments=_KERNEL_ARGUMENTS)
+    except PapermillExecutionError as err:
+        raise NotebookFailedError(
+            f"{src.name} failed in cell [{err.exec_count}] with {err.ename}: {err.evalue}; "
+            f"the executed notebook with the traceback is {dest}"
+        ) from None
+
+
+# -- the run -------------------------------------------------------------------------------
+
+def _select(runs: Sequence[NotebookRun], only: Sequence[str] | None) -> list[NotebookRun]:
+    if not only:
+        return list(runs)
+    chosen = []
+    for key in only:
+        key = key.strip().removesuffix(".ipynb")
+        match = [r for r in runs if key in (r.number, r.stem)]
+        if not match:
+            valid = ", ".join(r.number for r in runs)
+            raise StudyConfigError(f"--only {key!r} matches no notebook; valid: {valid}")
+        chosen.extend(m for m in match if m not in chosen)
+    return [r for r in runs if r in chosen]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """One notebook of a run, resolved: its file, final parameters and fingerprint."""
+
+    run: NotebookRun
+    source: Path
+    parameters: dict[str, Any]
+    fingerprint: str
+
+
+def _read_marker(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def run_study(preset: str | Preset = "quick", *, out_dir: str | Path | None = None,
+              prompts: str | Path | None = None, limit: int | None = None,
+              only: Sequence[str] | None = None, force: bool = False, progress: bool = True,
+              log: Callable[[str], None] | None = None) -> StudyResult:
+    """Run a preset's notebooks in order, skipping those already finished.
+
+    Args:
+        preset: a name from :data:`PRESETS` or a :class:`Preset`.
+        out_dir: the run directory (default ``outputs/<preset name>``).
+        prompts: a Spec-Bench-format prompt file for the notebooks that read prompts.
+        limit: prompts per run for those notebooks.
+        only: notebook numbers or stems to run (e.g. ``["02", "05"]``), default all.
+        force: re-run notebooks even if they finished with the same fingerprint.
+        progress: show papermill's per-cell progress bar.
+        log: where progress lines go.
+
+    Raises:
+        StudyConfigError: before anything runs, on a bad preset, selection, prompt file,
+            limit, preset parameter or kernel.
+        NotebookFailedError: when a notebook raises (earlier notebooks stay finished).
+    """
+    log = log or _log
+    spec = get_preset(preset)
+    runs = _select(spec.runs, only)
+    prompts_path = _check_prompts(prompts)
+    limit = _check_limit(limit)
+    out = (Path(out_dir) if out_dir is not None else OUTPUTS_DIR / spec.name).expanduser().resolve()
+    plans = []
+    for run in runs:
+        src = NOTEBOOKS_DIR / run.notebook
+        if not src.is_file():
+            raise StudyConfigError(f"notebook {src} does not exist")
+        params = notebook_parameters(run, declared_parameters(src), out, prompts=prompts_path, limit=limit)
+        plans.append(_Plan(run, src, params, _fingerprint(src, params, prompts_path)))
+    _check_kernel()
+    if (prompts_path is not None or limit is not None) and not any(
+            "prompts_path" in p.parameters or "prompt_limit" in p.parameters for p in plans):
+        log("[study] note: no selected notebook reads prompts, so --prompts/--limit change nothing")
+
+    out.mkdir(parents=True, exist_ok=True)
+    manifest_path = out / "study.json"
+    outcomes: list[NotebookOutcome] = []
+    log(f"[study] preset {spec.name!r}: {len(plans)} notebook(s) -> {out}")
+    for i, plan in enumerate(plans, 1):
+        run, params = plan.run, plan.parameters
+        executed = out / "notebooks" / run.notebook
+        html = out / "html" / f"{run.stem}.html"
+        marker = out / "state" / f"{run.stem}.done.json"
+        done = _read_marker(marker)
+        if (not force and done is not None and done.get("fingerprint") == plan.fingerprint
+                and executed.is_file() and html.is_file()):
+            log(f"[study {i}/{len(plans)}] {run.stem}: finished earlier with the same inputs "
+                f"({done.get('elapsed_s', 0):.0f} s then), skipped")
+            outcomes.append(NotebookOutcome(run.stem, "skipped", float(done.get("elapsed_s", 0.0)), executed, html))
+            continue
+        shown = {k: v for k, v in params.items() if k != "out_dir"}
+        log(f"[study {i}/{len(plans)}] {run.stem}: running with {shown or 'its defaults'}")
+        marker.unlink(missing_ok=True)
+        start = time.perf_counter()
+        _execute(plan.source, executed, params, progress)
+        export_html(executed, html)
+        elapsed = time.perf_counter() - start
+        atomic_write_text(marker, json.dumps({
+            "notebook": run.notebook, "fingerprint": plan.fingerprint, "parameters": params, "elapsed_s": elapsed,
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }, indent=2, default=str) + "\n")
+        log(f"[study {i}/{len(plans)}] {run.stem}: done in {elapsed:.0f} s")
+        outcomes.append(NotebookOutcome(run.stem, "ran", elapsed, executed, html))
+        _write_manifest(manifest_path, spec, outcomes, plans)
+
+    report = None
+    if spec.report is not None:
+        outcome = next((o for o in outcomes if o.notebook == spec.report), None)
+        if outcome is not None:
+            report = export_html(outcome.executed, out / "report.html", hide_code=True)
+            log(f"[study] report: {report}")
+    _write_manifest(manifest_path, spec, outcomes, plans)
+    total = sum(o.elapsed_s for o in outcomes if o.status == "ran")
+    log(f"[study] finished: {sum(o.status == 'ran' for o in outcomes)} ran ({total:.0f} s), "
+        f"{sum(o.status == 'skipped' for o in outcomes)} skipped; results in {out}")
+    return StudyResult(out, spec.name, tuple(outcomes), report)
+
+
+def _write_manifest(path: Path, spec: Preset, outcomes: Sequence[NotebookOutcome], plans: Sequence[_Plan]) -> None:
+    status = {o.notebook: o for o in outcomes}
+    atomic_write_text(path, json.dumps({
+        "preset": spec.name,
+        "description": spec.description,
+        "notebooks": [{
+            "notebook": p.run.notebook,
+            "parameters": {k: v for k, v in p.parameters.items() if k != "out_dir"},
+            "status": status[p.run.stem].status if p.run.stem in status else "pending",
+            "elapsed_s": status[p.run.stem].elapsed_s if p.run.stem in status else None,
+        } for p in plans],
+    }, indent=2, default=str) + "\n")
+
+
+def refresh_committed(only: Sequence[str] | None = None, *, progress: bool = True,
+                      log: Callable[[str], None] | None = None) -> list[Path]:
+    """Re-execute the committed notebooks in ``notebooks/`` with their own defaults and
+    save them in place, cleaned (:func:`clean_notebook`): what nbval compares against.
+
+    Args:
+        only: notebook numbers or stems (default: every ``NN_*.ipynb`` in ``notebooks/``).
+    """
+    log = log or _log
+    present = sorted(p.name for p in NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
+    runs = _select([NotebookRun(name) for name in present], only)
+    _check_kernel()
+    written = []
+    for run in runs:
+        src = NOTEBOOKS_DIR / run.notebook
+        tmp = src.with_name(f".{src.stem}.refresh.ipynb")
+        log(f"[refresh] {run.notebook}")
+        start = time.perf_counter()
+        try:
+            _execute(src, tmp, {}, progress)
+            clean_notebook(tmp)
+            tmp.replace(src)
+        finally:
+            tmp.unlink(missing_ok=True)
+        log(f"[refresh] {run.notebook}: {time.perf_counter() - start:.0f} s")
+        written.append(src)
+    return written
+
+
+# -- inside a notebook ---------------------------------------------------------------------
+
+def setup_notebook(seed: int, *, threads: int | None = None) -> torch.Generator:
+    """The first code cell of every study notebook: seed, presentation defaults, threads.
+
+    Seeds torch's global generator (for library code that falls back on it), prints
+    floats with 3 decimals (pandas and torch), sends plotly figures as plotly's own
+    MIME type (JupyterLab draws them; :func:`export_html` turns them into offline
+    HTML) and optionally fixes the number of CPU threads torch uses.
+
+    Args:
+        seed: the notebook's seed.
+        threads: torch intra-op threads; None leaves torch's choice.
+
+    Returns:
+        A CPU ``torch.Generator`` seeded with ``seed``, for the notebook's own sampling.
+    """
+    import pandas as pd
+    import plotly.io as pio
+    import torch
+
+    from specviz.sampling import make_generator
+
+    if threads is not None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"threads must be an int >= 1 or None, got {threads!r}")
+        torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    torch.set_printoptions(precision=3, sci_mode=False)
+    pd.set_option("display.precision", 3)
+    pd.set_option("display.width", 120)
+    pd.set_option("display.max_columns", 30)
+    pio.renderers.default = "plotly_mimetype"
+    return make_generator(seed)
+
+
+# -- command line --------------------------------------------------------------------------
+
+def _log(message: str) -> None:
+    # Flushed, so progress lines and papermill's progress bar (stderr) interleave in order.
+    print(message, flush=True)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m specviz.study",
+        description="Run the specviz study notebooks headlessly with papermill. Re-running the "
+                    "same command skips finished notebooks and resumes interrupted ones.",
+    )
+    p.add_argument("--preset", choices=list(PRESETS), default="quick",
+                   help="study size (default: quick); --list shows what each runs")
+    p.add_argument("--prompts", metavar="FILE", help="Spec-Bench-format .jsonl prompt file "
+                   "(default: the built-in data/prompts.jsonl)")
+    p.add_argument("--limit", metavar="N", type=int, help="prompts per run, picked round-robin over categories")
+    p.add_argument("--out", metavar="DIR", help="run directory (default: outputs/<preset>)")
+    p.add_argument("--only", metavar="NN[,NN...]", help="run only these notebooks, e.g. 02,05")
+    p.add_argument("--force", action="store_true", help="re-run notebooks that already finished")
+    p.add_argument("--no-progress", action="store_true", help="no per-cell progress bar")
+    p.add_argument("--list", action="store_true", help="list the presets and notebooks, then exit")
+    p.add_argument("--refresh-committed", action="store_true",
+                   help="re-execute notebooks/ in place with their defaults (what nbval checks)")
+    return p
+
+
+def _list(log: Callable[[str], None]) -> None:
+    for preset in PRESETS.values():
+        log(f"{preset.name}: {preset.description}")
+        for run in preset.runs:
+            params = ", ".join(f"{k}={v}" for k, v in run.parameters.items()) or "defaults"
+            log(f"  {run.notebook}: {params}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point; returns the exit status."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.limit is not None and args.limit < 1:
+        parser.error(f"--limit must be >= 1, got {args.limit}")
+    only = [s for s in args.only.split(",") if s.strip()] if args.only else None
+    try:
+        if args.list:
+            _list(_log)
+        elif args.refresh_committed:
+            refresh_committed(only, progress=not args.no_progress)
+        else:
+            run_study(args.preset, out_dir=args.out, prompts=args.prompts, limit=args.limit, only=only,
+                      force=args.force, progress=not args.no_progress)
+    except StudyConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except NotebookFailedError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\ninterrupted: finished notebooks and finished units are kept; run the same "
+              "command again to resume", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""Shared pytest fixtures.
+
+Models are loaded at most once per session: the tiny random pair (milliseconds) and the
+built-in 0.5B/1.5B pair in fp32 (about 8 GB of memory; only for tests marked ``slow``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from specviz.models import DEFAULT_DRAFT, DEFAULT_TARGET, ModelPair, load_pair
+from specviz.models import tiny_pair as make_tiny_pair
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() == "true"
+
+
+@pytest.fixture(scope="session", name="tiny_pair")
+def tiny_pair_fixture() -> ModelPair:
+    """The tiny random target/draft pair of :func:`specviz.models.tiny_pair` (fp32)."""
+    return make_tiny_pair()
+
+
+@pytest.fixture(scope="session")
+def real_pair_fp32() -> ModelPair:
+    """The built-in Qwen2.5-Coder 1.5B (target) / 0.5B (draft) pair in fp32.
+
+    Skipped when the model data packages are not installed, except under ``CI=true``,
+    where a missing model is a failure.
+    """
+    try:
+        return load_pair(DEFAULT_TARGET, DEFAULT_DRAFT, dtype="fp32")
+    except FileNotFoundError as exc:
+        if _in_ci():
+            pytest.fail(f"CI=true but the built-in models cannot be loaded: {exc}")
+        pytest.skip(f"built-in models not installed: {exc}")

@@ -1,0 +1,203 @@
+"""The benchmark command line (specviz.bench) on the tiny random pair: CSV rows and columns,
+the definitions behind them, the summary line, resuming, and the exit status of bad input."""
+
+import json
+import re
+
+import pandas as pd
+import pytest
+
+from specviz import bench
+
+PROMPTS = (
+    {"question_id": 1, "category": "code", "turns": ["def add(a, b): return a + b\ndef add(a, b): return"]},
+    {"question_id": 2, "category": "qa", "turns": ["What is the capital of France? The capital of France is"]},
+    {"question_id": 3, "category": "code", "turns": ["Write fizzbuzz in Python."]},
+)
+METHODS = ("plain", "hf-assisted", "hf-prompt-lookup", "specviz-plain", "chain-k2", "ngram")
+SUMMARY = re.compile(
+    r"^best specviz strategy: (\S+) \| mean speedup (\d+\.\d\d)x over plain decoding"
+    r" \| (\d+\.\d\d)x hf-assisted's speedup \((\d+\.\d\d)x\)$")
+
+
+@pytest.fixture
+def prompts_file(tmp_path):
+    path = tmp_path / "questions.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
+    return path
+
+
+@pytest.fixture
+def use_tiny(monkeypatch, tiny_pair):
+    """Serve the session's tiny pair instead of building one per call (the CLI would)."""
+    monkeypatch.setattr(bench, "_load_models", lambda args: tiny_pair)
+
+
+def _argv(prompts_file, out, *extra, methods=METHODS):
+    return ["--models", "tiny", "--dtype", "fp32", "--prompts", str(prompts_file), "--limit", "2",
+            "--max-new-tokens", "8", "--warmup-tokens", "2", "--out", str(out), "--methods", *methods, *extra]
+
+
+def _last_line(capsys) -> str:
+    return capsys.readouterr().out.strip().splitlines()[-1]
+
+
+def test_parse_method_grammar():
+    assert bench.parse_method("tree-2x2x1").params == (("branching", (2, 2, 1)),)
+    assert bench.parse_method("dynamic-k2-d3-n6").params == (("topk", 2), ("depth", 3), ("budget", 6))
+    assert bench.parse_method("ngram-trie").family == "ngram-trie"
+    assert bench.parse_method("ngram").family == "ngram"
+    assert bench.parse_method("hf-prompt-lookup-k4").param("k") == 4
+    spec = bench.parse_method("self-spec-L3-k2")
+    assert spec.is_strategy and spec.params == (("n_layers", 3), ("k", 2))
+    assert not bench.parse_method("specviz-plain").is_strategy
+    assert bench.parse_method("chain-k4").verifier(0.7) == "chain"
+    assert bench.parse_method("dynamic").verifier(0.7) == "topk"
+    assert bench.parse_method("dynamic").verifier(0.0) == "greedy"
+    assert bench.parse_method("hf-assisted").verifier(0.0) == ""
+    with pytest.raises(ValueError, match="unknown method 'beam'.*chain-k<K>"):
+        bench.parse_method("beam")
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        bench.parse_method("chain-k0")
+
+
+def test_greedy_run_writes_rows_and_summary(prompts_file, tmp_path, capsys, use_tiny):
+    out = tmp_path / "greedy.csv"
+    assert bench.main(_argv(prompts_file, out)) == 0
+    match = SUMMARY.match(_last_line(capsys))
+    assert match and match.group(1) in ("chain-k2", "ngram")
+
+    rows = bench.load_results(out)
+    assert list(rows.columns) == list(bench.COLUMNS)
+    assert len(rows) == len(METHODS) * 2
+    assert set(rows["method"]) == set(METHODS)
+    assert set(zip(rows["question_id"], rows["category"])) == {(1, "code"), (2, "qa")}  # round-robin limit
+    assert (rows["new_tokens"] == 8).all() and (rows["max_new_tokens"] == 8).all()
+    # every method of a prompt saw the same prompt ids
+    assert rows.groupby("question_id")["prompt_tokens"].nunique().eq(1).all()
+    # each prompt's methods ran in a different rotation
+    assert set(rows[rows["method"] == "plain"]["position"]) == {0, len(METHODS) - 1}
+
+    plain = rows[rows["method"] == "plain"]
+    assert (plain["speedup"] == 1.0).all() and (plain["tau"] == 1.0).all() and (plain["drafted"] == 0).all()
+    # tiny fp32 models: every method reproduces plain greedy decoding
+    assert rows["matches_plain"].astype(str).eq("True").all()
+    assert (rows["prefix_match"] == 8).all()
+    for _, r in rows.iterrows():
+        assert r["speedup"] == pytest.approx(
+            r["tokens_per_s"] / plain.set_index("question_id").loc[r["question_id"], "tokens_per_s"])
+        assert r["tau"] == pytest.approx(r["new_tokens"] / r["steps"])
+        assert 0 <= r["accepted"] <= r["drafted"]
+        assert r["steps"] <= r["target_calls"] <= r["steps"] + 1  # specviz adds one prefill call
+    timed = rows["method"].isin(["chain-k2", "ngram"])
+    assert (rows.loc[timed, "draft_s"] > 0).all() and (rows.loc[timed, "verify_s"] > 0).all()
+    assert rows.loc[~timed, ["draft_s", "verify_s"]].isna().all().all()
+    assisted = rows[rows["method"] == "hf-assisted"]
+    assert (assisted["drafted"] > 0).all() and (assisted["target_calls"] < 8).all()
+
+    summary = bench.summarize(rows, METHODS)
+    assert list(summary.per_method["method"]) == list(METHODS)
+    assert list(summary.per_category.columns) == ["code", "qa"]
+    hf = summary.per_method.set_index("method").loc["hf-assisted"]
+    assert hf["vs_hf_assisted"] == pytest.approx(1.0)
+    assert summary.ratio_to_assisted == pytest.approx(summary.best_speedup / hf["speedup"])
+
+
+def test_resume_skips_done_rows_and_runs_new_ones(prompts_file, tmp_path, capsys, monkeypatch, tiny_pair):
+    out = tmp_path / "resume.csv"
+    monkeypatch.setattr(bench, "_load_models", lambda args: tiny_pair)
+    assert bench.main(_argv(prompts_file, out, methods=("plain", "ngram"))) == 0
+    first = bench.load_results(out)
+    assert len(first) == 4
+
+    def no_models(args):
+        raise AssertionError("nothing to run, yet the models were loaded")
+
+    # the same command again: nothing to run, the same summary
+    monkeypatch.setattr(bench, "_load_models", no_models)
+    capsys.readouterr()
+    assert bench.main(_argv(prompts_file, out, methods=("plain", "ngram"))) == 0
+    printed = capsys.readouterr().out
+    assert "4 already there, 0 to run" in printed
+    assert printed.strip().splitlines()[-1].startswith("best specviz strategy: ngram | mean speedup ")
+    assert "hf-assisted not measured" in printed.strip().splitlines()[-1]
+    pd.testing.assert_frame_equal(bench.load_results(out), first)
+
+    # a new method runs alone, against the plain rows already there
+    monkeypatch.setattr(bench, "_load_models", lambda args: tiny_pair)
+    assert bench.main(_argv(prompts_file, out, methods=("plain", "ngram", "chain-k2"))) == 0
+    rows = bench.load_results(out)
+    assert len(rows) == 6
+    pd.testing.assert_frame_equal(rows.iloc[:4], first)
+    new = rows[rows["method"] == "chain-k2"]
+    plain_tps = first[first["method"] == "plain"].set_index("question_id")["tokens_per_s"]
+    assert (new["speedup"].to_numpy() == pytest.approx(
+        (new["tokens_per_s"] / new["question_id"].map(plain_tps)).to_numpy()))
+    assert new["matches_plain"].astype(str).eq("True").all()
+
+    # other settings do not mix into the same file; --fresh starts over
+    assert bench.main(_argv(prompts_file, out, "--max-new-tokens", "6", methods=("plain",))) == 2
+    assert "max_new_tokens" in capsys.readouterr().err
+    assert bench.main(_argv(prompts_file, out, "--fresh", methods=("plain",))) == 0
+    assert len(bench.load_results(out)) == 2
+
+
+def test_sampling_run(prompts_file, tmp_path, capsys, use_tiny):
+    out = tmp_path / "sampled.csv"
+    argv = _argv(prompts_file, out, "--temperature", "0.7", "--limit", "1",
+                 methods=("plain", "hf-prompt-lookup", "tree-2x1", "ngram-trie"))
+    assert bench.main(argv) == 0
+    assert re.match(r"^best specviz strategy: (tree-2x1|ngram-trie) \| mean speedup \d+\.\d\dx over plain "
+                    r"decoding \| hf-assisted not measured$", _last_line(capsys))
+    rows = bench.load_results(out)
+    assert len(rows) == 4 and (rows["temperature"] == 0.7).all()
+    assert rows["matches_plain"].isna().all()  # identity is a greedy notion
+    assert set(rows.loc[rows["method"].isin(["tree-2x1", "ngram-trie"]), "verifier"]) == {"topk"}
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("--methods", "plain", "beam-4"), "unknown method 'beam-4'"),
+    (("--limit", "0"), "--limit must be >= 1"),
+    (("--max-new-tokens", "0"), "--max-new-tokens must be >= 1"),
+    (("--temperature", "-1"), "--temperature must be"),
+    (("--verifier", "nope"), "unknown --verifier 'nope'"),
+    (("--limit", "two"), "invalid int value"),
+    (("--threads", "0"), "--threads must be >= 1"),
+    (("--repeats", "0"), "--repeats must be >= 1"),
+])
+def test_bad_arguments_exit_2(prompts_file, tmp_path, capsys, extra, message):
+    argv = ["--models", "tiny", "--prompts", str(prompts_file), "--out", str(tmp_path / "x.csv"), *extra]
+    assert bench.main(argv) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "x.csv").exists()
+
+
+def test_bad_prompt_files_exit_2(tmp_path, capsys):
+    assert bench.main(["--models", "tiny", "--prompts", str(tmp_path / "missing.jsonl")]) == 2
+    assert "prompt file not found" in capsys.readouterr().err
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"question_id": 1, "category": "qa"}\n')
+    assert bench.main(["--models", "tiny", "--prompts", str(broken)]) == 2
+    assert "line 1: missing key(s) 'turns'" in capsys.readouterr().err
+
+
+def test_list_methods(capsys):
+    assert bench.main(["--list-methods"]) == 0
+    text = capsys.readouterr().out
+    for rule in bench.METHOD_GRAMMAR:
+        assert rule.usage in text
+
+
+def test_attention_subcommand(tmp_path, capsys):
+    out = tmp_path / "attention.csv"
+    argv = ["attention", "--budgets", "3", "--shapes", "2x1", "--batch-sizes", "1", "--prefix-lens", "8",
+            "--layout", "0.5b", "--repeats", "1", "--out", str(out)]
+    assert bench.main(argv) == 0
+    assert re.match(r"^tree attention: per-path attention takes \d+\.\d\dx its time and causal attention over "
+                    r"the same tokens \d+\.\d\dx \(means over 2 settings, float32, \d+ threads\)$",
+                    _last_line(capsys))
+    table = pd.read_csv(out)
+    assert list(table["shape"]) == ["sequoia-3", "tree-2x1"]
+    assert (table["max_abs_diff"] < 1e-4).all()
+    assert bench.main(["attention", "--shapes", "2-1", "--out", str(out)]) == 2
+    assert "--shapes entries look like 2x2x1" in capsys.readouterr().err

@@ -1,0 +1,212 @@
+"""The explorer notebook in a real JupyterLab, driven by headless Chromium.
+
+Starts JupyterLab on 127.0.0.1 with a throwaway configuration (temporary config,
+data, runtime and workspace directories; the widget and plotly lab extensions still
+come from the environment's ``share/jupyter``), opens ``notebooks/07_explorer.ipynb``
+(a copy, so the repository file is never rewritten), runs it with the tiny model,
+presses ArrowRight on the depth slider and checks that the drawn draft tree changed.
+A screenshot goes to ``outputs/explorer.png``. The server and its kernels are shut
+down whatever happens.
+
+Needs Debian's ``chromium`` (or ``$SPECVIZ_CHROMIUM``) and the ``playwright`` package;
+without them the test is skipped, except under ``CI=true`` where that is a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from specviz.paths import NOTEBOOKS_DIR, outputs_dir
+
+pytestmark = pytest.mark.browser
+
+NOTEBOOK = "07_explorer.ipynb"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+SERVER_START_S = 180
+NOTEBOOK_RUN_S = 300
+UPDATE_S = 180
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI=true but the browser test cannot run: {reason}")
+    pytest.skip(reason)
+
+
+def _chromium() -> str:
+    path = os.environ.get("SPECVIZ_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+    if not os.access(path, os.X_OK):
+        _unavailable(f"no Chromium at {path} (Debian: apt-get install chromium)")
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _api(base: str, token: str, path: str, method: str = "GET"):
+    req = urllib.request.Request(f"{base}{path}", method=method,
+                                 headers={"Authorization": f"token {token}"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        body = resp.read()
+    return json.loads(body) if body else None
+
+
+def _stop_server(proc: subprocess.Popen, base: str, token: str) -> None:
+    """Shut kernels and server down through the REST API, then make sure the server's
+    process group is gone."""
+    try:
+        for kernel in _api(base, token, "/api/kernels"):
+            _api(base, token, f"/api/kernels/{kernel['id']}", method="DELETE")
+        _api(base, token, "/api/shutdown", method="POST")
+    except (urllib.error.URLError, OSError):
+        pass  # the server may already be down; the signals below finish the job
+    for sig, wait_s in ((None, 20), (signal.SIGTERM, 15), (signal.SIGKILL, 10)):
+        if sig is not None and proc.poll() is None:
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=wait_s)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+
+
+@pytest.fixture
+def jupyter_lab(tmp_path):
+    """A JupyterLab server on 127.0.0.1 serving a copy of the explorer notebook.
+
+    Yields ``(base_url, token)``.
+    """
+    root = tmp_path / "root"
+    root.mkdir()
+    shutil.copy(NOTEBOOKS_DIR / NOTEBOOK, root / NOTEBOOK)
+    config = tmp_path / "config"
+    # no news or update checks: the machine may be offline, and popups cover the page
+    settings = config / "lab" / "user-settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    (settings / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    (config / "jupyter_lab_config.json").write_text(json.dumps({"LabApp": {
+        "news_url": None, "check_for_updates_class": "jupyterlab.NeverCheckForUpdate",
+        "extension_manager": "readonly"}}))
+    env = dict(os.environ)
+    env.update(
+        JUPYTER_CONFIG_DIR=str(config),
+        JUPYTER_DATA_DIR=str(tmp_path / "data"),  # the environment's share/jupyter is still searched
+        JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
+        IPYTHONDIR=str(tmp_path / "ipython"),
+        JUPYTER_PLATFORM_DIRS="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(NOTEBOOKS_DIR.parent), env.get("PYTHONPATH")])),
+        PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
+    )
+    # The tiny model needs no thread pool, and on a shared 2-core machine an oversubscribed
+    # one makes each tiny forward pass ~100x slower.
+    env.setdefault("OMP_NUM_THREADS", "1")
+    port, token = _free_port(), secrets.token_hex(16)
+    base = f"http://127.0.0.1:{port}"
+    log_path = tmp_path / "jupyterlab.log"
+    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+           f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
+           f"--ServerApp.root_dir={root}", f"--LabApp.workspaces_dir={tmp_path / 'workspaces'}",
+           "--LabApp.expose_app_in_browser=True", "--ServerApp.allow_remote_access=False",
+           "--ServerApp.terminals_enabled=False", "--allow-root"]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, env=env, cwd=root, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + SERVER_START_S
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"JupyterLab exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
+            try:
+                _api(base, token, "/api/status")
+                break
+            except (urllib.error.URLError, OSError):
+                if time.monotonic() > deadline:
+                    pytest.fail(f"JupyterLab did not answer within {SERVER_START_S} s:\n"
+                                f"{log_path.read_text()[-3000:]}")
+                time.sleep(0.5)
+        yield base, token
+    finally:
+        _stop_server(proc, base, token)
+    assert proc.poll() is not None, "JupyterLab is still running after shutdown"
+
+
+@pytest.fixture
+def page():
+    """A headless Chromium page (only loopback traffic is expected)."""
+    executable = _chromium()
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError as err:
+        _unavailable(f"the playwright package is missing ({err})")
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS, headless=True)
+        try:
+            context = browser.new_context(viewport={"width": 1400, "height": 2400})
+            yield context.new_page()
+        finally:
+            browser.close()
+
+
+TREE_POINTS = ".specviz-tree .js-plotly-plot .scatterlayer path.point"
+TREE_TITLE = ".specviz-tree .js-plotly-plot .gtitle"
+
+
+def test_explorer_depth_slider_redraws_tree(page, jupyter_lab):
+    base, token = jupyter_lab
+    started = time.monotonic()
+    page.set_default_timeout(60_000)
+    page.goto(f"{base}/lab/tree/{NOTEBOOK}?token={token}", wait_until="domcontentloaded")
+    page.wait_for_function(
+        "() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
+        " && window.jupyterapp.shell.currentWidget.context"
+        " && window.jupyterapp.shell.currentWidget.sessionContext.session"
+        " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel",
+        timeout=SERVER_START_S * 1000)
+    page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.ready")
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+
+    page.wait_for_selector(TREE_POINTS, timeout=NOTEBOOK_RUN_S * 1000)
+    before = page.locator(TREE_POINTS).count()
+    title_before = page.locator(TREE_TITLE).text_content()
+    assert before >= 2, f"the first tree should show the root and more, got {before} markers"
+
+    label = page.locator(".widget-label", has_text=re.compile(r"^depth$"))
+    depth = page.locator(".widget-hslider", has=label)
+    handle = depth.locator(".noUi-handle")
+    readout = depth.locator(".widget-readout")
+    value_before = int(readout.inner_text())
+    handle.focus()
+    handle.press("ArrowRight")
+    page.wait_for_function(
+        "([sel, n]) => document.querySelectorAll(sel).length !== n",
+        arg=[TREE_POINTS, before], timeout=UPDATE_S * 1000)
+    page.wait_for_selector(TREE_POINTS)
+    after = page.locator(TREE_POINTS).count()
+    assert int(readout.inner_text()) == value_before + 1
+    assert after != before
+    assert page.locator(TREE_TITLE).text_content() != title_before
+
+    shot = outputs_dir() / "explorer.png"
+    page.locator(".specviz-explorer").screenshot(path=str(shot))
+    assert shot.stat().st_size > 10_000
+    print(f"markers {before} -> {after}; {time.monotonic() - started:.1f} s in the browser; "
+          f"screenshot {shot}")
