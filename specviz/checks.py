@@ -33,7 +33,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from specviz.decode import encode_prompt, plain_generate, replay_acceptance, speculative_generate_batch
+from specviz.decode import plain_generate, replay_acceptance, speculative_generate_batch
 from specviz.drafters import (
     AdaptiveChainDrafter,
     ChainDrafter,
@@ -76,7 +76,8 @@ def default_drafters(pair: ModelPair) -> list[Drafter]:
         DynamicTreeDrafter(d, topk=4, depth=5, budget=16),
         AdaptiveChainDrafter(d, "heuristic"),
         AdaptiveChainDrafter(d, "throughput"),
-        SelfSpeculativeDrafter(t, n_layers=t.model.config.num_hidden_layers // 2, shape=chain(3)),
+        # without trained exits a truncated target only agrees with itself when few layers are cut
+        SelfSpeculativeDrafter(t, n_layers=t.model.config.num_hidden_layers - 4, shape=chain(3)),
         NgramDrafter(n=3, k=5),
         NgramTrieDrafter(n=3, depth=5, budget=16),
         MergedDrafter([ChainDrafter(d, 4), NgramDrafter(n=3, k=5)]),

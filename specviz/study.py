@@ -19,7 +19,9 @@ Everything a run produces lands under its output directory (default
 
 Re-running the same command skips every notebook whose marker matches (same source,
 same parameters, same prompt file contents) and resumes long notebooks unit by unit,
-so an interrupted run loses at most the unit that was in flight.
+so an interrupted run loses at most the unit that was in flight. The report notebook
+(``08_report``) also runs again whenever a notebook it reads from finished since the
+report last ran, so ``report.html`` never describes older results than the tables.
 
 Notebooks receive ``out_dir`` (the run directory) and, when they declare them,
 ``prompts_path`` and ``prompt_limit`` from ``--prompts`` and ``--limit``; the rest of
@@ -136,31 +138,62 @@ class Preset:
             raise ValueError(f"preset {self.name!r}: report notebook {self.report!r} is not among its runs")
 
 
+_QUICKSTART = "01_quickstart.ipynb"
 _TREES = "02_trees_masks_attention.ipynb"
+_ACCEPTANCE = "03_chain_tree_dynamic.ipynb"
 _RULES = "04_verification_rules.ipynb"
 _TIMING = "05_tree_attention_timing.ipynb"
+_SPEED = "06_end_to_end_speed.ipynb"
+_REPORT = "08_report.ipynb"
 
-#: The presets, by name. ``smoke`` is the smallest run of every notebook (seconds; the
-#: tests use it), ``quick`` the default study, ``full`` everything at full size.
+#: The presets, by name. ``smoke`` is the smallest run of every notebook (the tests use
+#: it), ``quick`` the default study, ``full`` everything at full size. The report
+#: notebook comes last and reads the tables the others wrote.
 PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
-    Preset("smoke", "every notebook at its smallest size: checks an installation in about a minute", (
+    Preset("smoke", "every notebook at its smallest size: checks an installation in a few minutes", (
+        NotebookRun(_QUICKSTART, {"max_new_tokens": 8, "tree_branching": [2, 1]}),
         NotebookRun(_TREES),
-        NotebookRun(_RULES, {"trials": 100, "expected_trees": 10}),
+        NotebookRun(_ACCEPTANCE, {"prompt_limit": 1, "max_new_tokens": 8, "budgets": [4], "layer_sweep": [],
+                                  "cross_check": False, "sampled_budget": 4, "sampled_stride": 8}),
+        NotebookRun(_RULES, {"trials": 100, "expected_trees": 10, "real_max_new_tokens": 8,
+                             "real_temperatures": [0.0, 1.0], "real_tree_branching": [2, 1],
+                             "real_chain_length": 2}),
         NotebookRun(_TIMING, {"batch_sizes": [1], "prefix_lens": [16], "budgets": [8],
                               "warmup": 0, "repeats": 1}),
-    )),
+        NotebookRun(_SPEED, {"max_new_tokens": 8, "methods": ["chain-k2", "ngram"], "sequoia_budgets": [4],
+                             "cost_sizes": [1, 4], "cost_prefix": 32, "cost_repeats": 1, "plan_budgets": [1, 2, 4],
+                             "plan_depths": [1, 2], "probe_dtypes": []}),
+        NotebookRun(_REPORT),
+    ), report="08_report"),
     Preset("quick", "the default study, sized to finish in under 20 minutes on a 2-core CPU", (
+        NotebookRun(_QUICKSTART),
         NotebookRun(_TREES),
-        NotebookRun(_RULES, {"trials": 2000, "expected_trees": 100}),
+        NotebookRun(_ACCEPTANCE, {"prompt_limit": 7, "max_new_tokens": 32, "budgets": [4, 8, 16, 32, 64]}),
+        NotebookRun(_RULES, {"trials": 2000, "expected_trees": 100, "prompt_limit": 2, "real_max_new_tokens": 32,
+                             "real_stride": 12}),
         NotebookRun(_TIMING, {"batch_sizes": [1, 2, 4], "prefix_lens": [128, 512, 1024],
                               "budgets": [4, 8, 16, 32, 64], "warmup": 2, "repeats": 5}),
-    )),
-    Preset("full", "every prompt and budget, more repeats and trials", (
+        NotebookRun(_SPEED, {"prompt_limit": 2, "max_new_tokens": 32,
+                             "methods": ["chain-k4", "dynamic-k4-d5-n16", "ngram", "self-spec-L24-k2"],
+                             "sequoia_budgets": [8], "cost_sizes": [1, 2, 4, 8, 16, 32, 64]}),
+        NotebookRun(_REPORT),
+    ), report="08_report"),
+    Preset("full", "every prompt and budget, longer generations, more repeats and trials", (
+        NotebookRun(_QUICKSTART, {"max_new_tokens": 128}),
         NotebookRun(_TREES),
-        NotebookRun(_RULES, {"trials": 10000, "expected_trees": 400}),
+        NotebookRun(_ACCEPTANCE, {"prompt_limit": 0, "max_new_tokens": 128, "budgets": [4, 8, 16, 32, 64],
+                                  "dynamic_depth": 6, "sampled_prompts": 7, "sampled_stride": 16}),
+        NotebookRun(_RULES, {"trials": 10000, "expected_trees": 400, "prompt_limit": 7, "real_max_new_tokens": 128,
+                             "real_stride": 16}),
         NotebookRun(_TIMING, {"batch_sizes": [1, 2, 4, 8], "prefix_lens": [128, 512, 1024, 2048],
                               "budgets": [4, 8, 16, 32, 64, 128], "warmup": 3, "repeats": 10}),
-    )),
+        NotebookRun(_SPEED, {"prompt_limit": 7, "max_new_tokens": 128,
+                             "methods": ["chain-k2", "chain-k4", "chain-k8", "tree-2x2x1", "dynamic-k4-d5-n16",
+                                         "adaptive", "ngram", "ngram-trie", "merged", "self-spec-L24-k2"],
+                             "sequoia_budgets": [4, 8, 16, 32], "cost_sizes": [1, 2, 4, 8, 16, 32, 64, 128],
+                             "cost_repeats": 3}),
+        NotebookRun(_REPORT),
+    ), report="08_report"),
 )})
 
 
@@ -472,8 +505,9 @@ def run_study(preset: str | Preset = "quick", *, out_dir: str | Path | None = No
         html = out / "html" / f"{run.stem}.html"
         marker = out / "state" / f"{run.stem}.done.json"
         done = _read_marker(marker)
+        inputs = _report_inputs(out, spec) if run.stem == spec.report else None
         if (not force and done is not None and done.get("fingerprint") == plan.fingerprint
-                and executed.is_file() and html.is_file()):
+                and done.get("inputs") == inputs and executed.is_file() and html.is_file()):
             log(f"[study {i}/{len(plans)}] {run.stem}: finished earlier with the same inputs "
                 f"({done.get('elapsed_s', 0):.0f} s then), skipped")
             outcomes.append(NotebookOutcome(run.stem, "skipped", float(done.get("elapsed_s", 0.0)), executed, html))
@@ -487,7 +521,7 @@ def run_study(preset: str | Preset = "quick", *, out_dir: str | Path | None = No
         elapsed = time.perf_counter() - start
         atomic_write_text(marker, json.dumps({
             "notebook": run.notebook, "fingerprint": plan.fingerprint, "parameters": params, "elapsed_s": elapsed,
-            "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "inputs": inputs,
         }, indent=2, default=str) + "\n")
         log(f"[study {i}/{len(plans)}] {run.stem}: done in {elapsed:.0f} s")
         outcomes.append(NotebookOutcome(run.stem, "ran", elapsed, executed, html))
@@ -504,6 +538,19 @@ def run_study(preset: str | Preset = "quick", *, out_dir: str | Path | None = No
     log(f"[study] finished: {sum(o.status == 'ran' for o in outcomes)} ran ({total:.0f} s), "
         f"{sum(o.status == 'skipped' for o in outcomes)} skipped; results in {out}")
     return StudyResult(out, spec.name, tuple(outcomes), report)
+
+
+def _report_inputs(out: Path, spec: Preset) -> list[list[str]] | None:
+    """What the report notebook reads: the done-markers of the preset's other notebooks
+    (fingerprint and finishing time). A report whose recorded inputs differ is stale and
+    runs again, even when its own source and parameters did not change."""
+    inputs = []
+    for run in spec.runs:
+        if run.stem == spec.report:
+            continue
+        done = _read_marker(out / "state" / f"{run.stem}.done.json") or {}
+        inputs.append([run.stem, str(done.get("fingerprint", "")), str(done.get("finished", ""))])
+    return inputs
 
 
 def _write_manifest(path: Path, spec: Preset, outcomes: Sequence[NotebookOutcome], plans: Sequence[_Plan]) -> None:
@@ -557,7 +604,9 @@ def setup_notebook(seed: int, *, threads: int | None = None) -> torch.Generator:
     Seeds torch's global generator (for library code that falls back on it), prints
     floats with 3 decimals (pandas and torch), sends plotly figures as plotly's own
     MIME type (JupyterLab draws them; :func:`export_html` turns them into offline
-    HTML) and optionally fixes the number of CPU threads torch uses.
+    HTML), turns off transformers' progress bars (a model load would otherwise leave a
+    widget whose text changes every run) and optionally fixes the number of CPU
+    threads torch uses.
 
     Args:
         seed: the notebook's seed.
@@ -569,6 +618,7 @@ def setup_notebook(seed: int, *, threads: int | None = None) -> torch.Generator:
     import pandas as pd
     import plotly.io as pio
     import torch
+    from transformers.utils import logging as transformers_logging
 
     from specviz.sampling import make_generator
 
@@ -582,6 +632,7 @@ def setup_notebook(seed: int, *, threads: int | None = None) -> torch.Generator:
     pd.set_option("display.width", 120)
     pd.set_option("display.max_columns", 30)
     pio.renderers.default = "plotly_mimetype"
+    transformers_logging.disable_progress_bar()
     return make_generator(seed)
 
 

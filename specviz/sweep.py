@@ -46,7 +46,7 @@ from typing import Iterable, Sequence
 import pandas as pd
 import torch
 
-from specviz.decode import GenerationResult, eos_token_ids, plain_generate
+from specviz.decode import GenerationResult, encode_prompt, eos_token_ids, plain_generate
 from specviz.drafters import DynamicTreeDrafter
 from specviz.kvcache import crop_cache, forward_tokens, new_cache
 from specviz.merge import merge_trees_with_map
@@ -65,6 +65,7 @@ __all__ = [
     "draft_ranks",
     "positional_acceptance",
     "first_nodes",
+    "shape_key",
     "budget_shapes",
     "SHAPE_FAMILIES",
     "replay_shape",
@@ -128,8 +129,6 @@ def greedy_reference(target: LoadedModel, prompt: str | Sequence[int], max_new_t
             :func:`reference_key`); None always decodes.
         chat: apply the chat template to text prompts.
     """
-    from specviz.decode import encode_prompt
-
     ids = encode_prompt(target.tokenizer, prompt, chat)
     key = reference_key(target, ids, max_new_tokens)
     if store is not None and key in store:
@@ -149,15 +148,16 @@ def greedy_reference(target: LoadedModel, prompt: str | Sequence[int], max_new_t
 # -- ranks and positional acceptance --------------------------------------------------------------
 
 @torch.no_grad()
-def draft_ranks(draft, reference: GenerationResult, *, max_rank: int = 64) -> torch.Tensor:
+def draft_ranks(draft, prompt_ids: Sequence[int], continuation: Sequence[int], *, max_rank: int = 64) -> torch.Tensor:
     """Rank of every continuation token in the draft's distribution, teacher-forced.
 
-    Rank 0 means the draft's top-1 candidate at that position is the target's token.
-    One forward of the draft over the prompt and the continuation.
+    Rank 0 means the draft's top-1 candidate at that position is the continuation's
+    token. One forward of the draft over the prompt and the continuation.
 
     Args:
         draft: a :class:`~specviz.models.LoadedModel` or a transformers causal LM.
-        reference: a greedy continuation (:func:`greedy_reference`).
+        prompt_ids: the prompt's token ids.
+        continuation: the tokens that followed (e.g. a greedy reference's ``output_ids``).
         max_rank: ranks at or above this are reported as ``max_rank`` ("not among the
             first ``max_rank`` candidates").
 
@@ -167,10 +167,11 @@ def draft_ranks(draft, reference: GenerationResult, *, max_rank: int = 64) -> to
     if isinstance(max_rank, bool) or not isinstance(max_rank, int) or max_rank < 1:
         raise ValueError(f"max_rank must be an int >= 1, got {max_rank!r}")
     model = draft.model if isinstance(draft, LoadedModel) else draft
-    cont = list(reference.output_ids)
-    if not cont:
-        raise ValueError("the reference has no continuation tokens to rank")
-    ids = torch.tensor([list(reference.prompt_ids) + cont[:-1]])  # (1, P + T - 1)
+    cont = [int(t) for t in continuation]
+    prompt = [int(t) for t in prompt_ids]
+    if not cont or not prompt:
+        raise ValueError(f"need a non-empty prompt and continuation, got {len(prompt)} and {len(cont)} tokens")
+    ids = torch.tensor([prompt + cont[:-1]])  # (1, P + T - 1)
     t = len(cont)
     logits = model(input_ids=ids, use_cache=False, logits_to_keep=t).logits[0].float()  # (T, V)
     target = torch.tensor(cont)[:, None]  # (T, 1)
@@ -215,6 +216,12 @@ def first_nodes(shape: TreeShape, n: int) -> TreeShape:
     if n > shape.budget:
         raise ValueError(f"the shape has {shape.budget} draft nodes, fewer than the {n} requested")
     return TreeShape(shape.parents[:n + 1], shape.ranks[:n + 1])
+
+
+def shape_key(shape: TreeShape) -> str:
+    """A short stable id of a shape's parents and ranks (for unit ids of result stores)."""
+    text = ",".join(map(str, shape.parents)) + "|" + ",".join(map(str, shape.ranks))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def _levels(width: int, budget: int) -> int:

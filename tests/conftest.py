@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import os
 
-import pytest
+# The tests never use the Hugging Face Hub; offline mode makes a failed lookup (a deliberately
+# unknown model name) fail at once instead of retrying the network.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from specviz.models import DEFAULT_DRAFT, DEFAULT_TARGET, ModelPair, load_pair
-from specviz.models import tiny_pair as make_tiny_pair
+import pytest  # noqa: E402
+
+from specviz.models import DEFAULT_DRAFT, DEFAULT_TARGET, ModelPair, load_pair  # noqa: E402
+from specviz.models import tiny_pair as make_tiny_pair  # noqa: E402
 
 
 def _in_ci() -> bool:

@@ -28,7 +28,7 @@ from specviz.drafters import (
 from specviz.kvcache import cache_length, compact_cache, forward_tokens, new_cache
 from specviz.models import LoadedModel, TokenizerMismatchError, tiny_model, tiny_tokenizer
 from specviz.ngram import NgramDrafter, NgramTrieDrafter
-from specviz.sampling import GREEDY, SamplingConfig, probs_from_logits
+from specviz.sampling import SamplingConfig, probs_from_logits
 from specviz.shapes import chain, expansion, from_paths, kary
 from specviz.tree import DraftTree, pad_trees, tree_attention_mask
 

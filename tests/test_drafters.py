@@ -127,6 +127,8 @@ def test_draft_all_equals_drafting_alone(tiny_pair, context, mode):
     if mode == "greedy":  # deterministic siblings only
         make.append(lambda: DynamicTreeDrafter(tiny_pair.draft, 2, 3, 5))
         make.append(lambda: MergedDrafter([ChainDrafter(tiny_pair.draft, 2), NgramDrafter()]))
+        # its second sub-drafter syncs while other rows expand: mixed requests in one forward
+        make.append(lambda: MergedDrafter([ChainDrafter(tiny_pair.draft, 2), TreeDrafter(tiny_pair.draft, kary(2, 1))]))
     contexts = [torch.tensor(context[:k]) for k in range(5, 5 + len(make))]
     alone = [m().draft(c, config, mode, make_generator(i)) for i, (m, c) in enumerate(zip(make, contexts))]
     together = draft_all([m() for m in make], contexts, config, mode, [make_generator(i) for i in range(len(make))])

@@ -38,7 +38,8 @@ DRAFTERS = {
     "tree221": lambda p: TreeDrafter(p.draft, expansion([2, 2, 1])),
     "dynamic": lambda p: DynamicTreeDrafter(p.draft, topk=4, depth=4, budget=12),
     "adaptive": lambda p: AdaptiveChainDrafter(p.draft, "throughput"),
-    "self": lambda p: SelfSpeculativeDrafter(p.target, 14, from_paths([(0,), (1,), (0, 0)])),
+    # few layers keep the test cheap; acceptance is low without trained exits (see specviz.checks)
+    "self": lambda p: SelfSpeculativeDrafter(p.target, 8, from_paths([(0,), (1,)])),
     "ngram": lambda p: NgramDrafter(n=3, k=5),
     "ngram_trie": lambda p: NgramTrieDrafter(n=3, depth=5, budget=12),
     "merged": lambda p: MergedDrafter([ChainDrafter(p.draft, 3), NgramDrafter(n=3, k=5)]),
@@ -71,7 +72,7 @@ def test_greedy_fp32_output_is_identical_to_the_target(real_pair_fp32, reference
     runs = speculative_generate_batch(target, drafter, list(PROMPTS), max_new_tokens=MAX_NEW)
     for ref, run in zip(references, runs):
         assert run.output_ids == _until_eos(ref.output_ids, eos), (name, run.text)
-    if name in ("chain4", "dynamic"):
+    if name == "chain4":
         # replay from the reference reproduces the live per-step acceptance, no target calls
         for ref, run in zip(references, runs):
             replay = replay_acceptance(target, DRAFTERS[name](real_pair_fp32), ref)

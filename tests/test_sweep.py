@@ -56,7 +56,7 @@ def _same_steps(records, result):
 @pytest.mark.parametrize("name", list(SHAPES))
 def test_rank_walk_equals_the_engine_replay(tiny_pair, references, name):
     for ref in references:
-        ranks = draft_ranks(tiny_pair.draft, ref)
+        ranks = draft_ranks(tiny_pair.draft, ref.prompt_ids, ref.output_ids)
         walked = replay_shape(SHAPES[name], ranks, ref, target=tiny_pair.target)
         engine = replay_acceptance(tiny_pair.target, TreeDrafter(tiny_pair.draft, SHAPES[name]), ref)
         _same_steps(walked, engine)
@@ -64,7 +64,7 @@ def test_rank_walk_equals_the_engine_replay(tiny_pair, references, name):
 
 def test_rank_walk_respects_a_smaller_budget_and_end_of_sequence(tiny_pair, references):
     ref = references[0]
-    ranks = draft_ranks(tiny_pair.draft, ref)
+    ranks = draft_ranks(tiny_pair.draft, ref.prompt_ids, ref.output_ids)
     walked = replay_shape(chain(6), ranks, ref, target=tiny_pair.target, max_new_tokens=13)
     engine = replay_acceptance(tiny_pair.target, TreeDrafter(tiny_pair.draft, chain(6)), ref, max_new_tokens=13)
     _same_steps(walked, engine)

@@ -1,0 +1,69 @@
+"""The slow-check machinery (specviz.checks) on the tiny pair, so the real-model command
+``python -m specviz.checks`` cannot rot unnoticed."""
+
+import math
+
+import pytest
+import torch
+
+from specviz.checks import (
+    DrafterCheck,
+    Mismatch,
+    check_identity,
+    compare_schedules,
+    format_checks,
+    format_schedules,
+    logit_gap,
+    main,
+)
+from specviz.decode import encode_prompt
+from specviz.drafters import ChainDrafter, DynamicTreeDrafter
+from specviz.ngram import NgramDrafter
+
+PROMPTS = ["def square(x):", "Name three colours."]
+
+
+def test_identity_check_passes_on_an_exact_engine(tiny_pair):
+    drafters = [ChainDrafter(tiny_pair.draft, 3), DynamicTreeDrafter(tiny_pair.draft, 2, 3, 5), NgramDrafter(n=2)]
+    checks = check_identity(tiny_pair, PROMPTS, drafters, 12, log=lambda _: None)
+    assert [c.drafter for c in checks] == [d.name for d in drafters]
+    for c in checks:
+        assert c.identical == c.n_prompts == 2 and c.match_rate == 1.0 and c.token_match_rate == 1.0
+        assert c.mismatches == () and c.tau >= 1.0
+    text = format_checks(checks)
+    assert "chain(k=3)" in text and "2/2" in text
+
+
+def test_logit_gap_reads_the_targets_own_logits(tiny_pair):
+    target = tiny_pair.target
+    ids = encode_prompt(target.tokenizer, PROMPTS[0])
+    with torch.no_grad():
+        logits = target.model(torch.tensor([ids])).logits[0, -1]
+    gap, top, step = logit_gap(target, ids, 5, 9)
+    assert gap == pytest.approx(float(logits[5] - logits[9]), abs=1e-5)
+    assert top == pytest.approx(max(float(logits[5]), float(logits[9])), abs=1e-5)
+    assert 0 < step <= abs(top) * torch.finfo(torch.float32).eps
+
+
+def test_mismatches_are_listed_with_their_gap():
+    check = DrafterCheck("d", "bf16", 2, 1, 70, 100, 2.5,
+                         (Mismatch(1, 30, 11, 12, 0.0625, 17.25, 0.0625),), 3.0)
+    assert check.match_rate == 0.5 and check.token_match_rate == 0.7
+    assert "logit gap +0.0625 at logit 17.250 (rounding step 0.0625)" in format_checks([check])
+    empty = DrafterCheck("d", "fp32", 1, 1, 0, 0, 1.0, (), 0.0)
+    assert math.isnan(empty.token_match_rate)
+
+
+def test_schedule_comparison_runs_by_replay(tiny_pair):
+    results = compare_schedules(tiny_pair, PROMPTS, 16, cost_ratio=0.3, log=lambda _: None)
+    names = [r.drafter for r in results]
+    assert names == ["chain(k=2)", "chain(k=4)", "chain(k=6)", "adaptive-heuristic", "adaptive-throughput"]
+    for r in results:
+        assert r.new_tokens == 32 and r.tau >= 1.0 and r.modelled_speedup > 0
+    assert "adaptive-throughput" in format_schedules(results)
+
+
+def test_command_line_rejects_unknown_sections(capsys):
+    with pytest.raises(SystemExit):
+        main(["--sections", "identity,speed"])
+    assert "unknown sections ['speed']" in capsys.readouterr().err

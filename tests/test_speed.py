@@ -1,0 +1,67 @@
+"""Tests for specviz.speed: cost curves, the step-cost model and timed runs (tiny models)."""
+
+from __future__ import annotations
+
+import pytest
+
+from specviz.drafters import ChainDrafter
+from specviz.sequoia import expected_tokens
+from specviz.shapes import chain, expansion
+from specviz.speed import (CostModel, StepCost, forward_cost_curve, predicted_speedup, sequoia_plan, timed_run,
+                           tree_step_cost)
+
+COSTS = CostModel(((1, 500.0), (8, 1400.0), (64, 4700.0)), ((1, 180.0), (8, 490.0), (64, 1500.0)))
+
+
+def test_cost_curve_of_a_tiny_model(tiny_pair):
+    curve = forward_cost_curve(tiny_pair.target, [1, 4], prefix_len=8, warmup=0, repeats=2)
+    assert list(curve["n_tokens"]) == [1, 4]
+    assert (curve["min_ms"] > 0).all() and (curve["min_ms"] <= curve["median_ms"]).all()
+    assert set(curve["prefix_len"]) == {8}
+    with pytest.raises(ValueError, match="sizes"):
+        forward_cost_curve(tiny_pair.target, [0])
+    with pytest.raises(ValueError, match="prefix_len"):
+        forward_cost_curve(tiny_pair.target, [1], prefix_len=0)
+
+
+def test_cost_model_interpolates_and_extrapolates():
+    assert COSTS.target_s(1) == pytest.approx(0.5)
+    assert COSTS.target_s(4.5) == pytest.approx(0.95)
+    assert COSTS.target_s(120) == pytest.approx(4.7 + 56 * 3.3 / 56)
+    assert COSTS.draft_s(8) == pytest.approx(0.49)
+    with pytest.raises(ValueError, match="increasing"):
+        CostModel(((4, 1.0), (1, 2.0)), ((1, 1.0),))
+
+
+def test_step_cost_follows_the_tree_drafter():
+    # chain of 4: the bonus token, then levels 1..3 (the leaf is never fed)
+    c = tree_step_cost(chain(4), COSTS)
+    assert c.draft_forwards == 4
+    assert c.draft_s == pytest.approx(4 * 0.18)
+    assert c.verify_s == pytest.approx(COSTS.target_s(5))
+    # expansion [2, 2, 1]: levels 1 (2 nodes with children) and 2 (4 nodes with children)
+    c = tree_step_cost(expansion([2, 2, 1]), COSTS)
+    assert c.draft_forwards == 3
+    assert c.draft_s == pytest.approx(COSTS.draft_s(1) + COSTS.draft_s(2) + COSTS.draft_s(4))
+    assert predicted_speedup(3.0, StepCost(0.5, 1.0, 2), COSTS) == pytest.approx(3.0 * 0.5 / 1.5)
+
+
+def test_sequoia_plan_ranks_by_time_per_token():
+    a = (0.7, 0.1, 0.05)
+    plan = sequoia_plan(a, [1, 4, 8], [1, 2, 4], COSTS)
+    assert list(plan["ms_per_token"]) == sorted(plan["ms_per_token"])
+    assert not ((plan["budget"] == 8) & (plan["max_depth"] == 1)).any()  # 8 nodes do not fit one level of 3
+    row = plan[(plan["budget"] == 4) & (plan["max_depth"] == 4)].iloc[0]
+    assert row["expected_tau"] == pytest.approx(expected_tokens(chain(4), a))
+    with pytest.raises(ValueError, match="fits"):
+        sequoia_plan(a, [64], [1], COSTS)
+
+
+def test_timed_runs(tiny_pair):
+    plain = timed_run(tiny_pair.target, None, "def f(x):", max_new_tokens=6)
+    assert plain.method == "plain" and plain.steps == plain.new_tokens == len(plain.output_ids)
+    assert plain.tau == 1.0 and plain.wall_s > 0
+    spec = timed_run(tiny_pair.target, ChainDrafter(tiny_pair.draft, 3), "def f(x):", max_new_tokens=6)
+    assert spec.output_ids == plain.output_ids  # greedy speculative decoding is lossless (fp32)
+    assert spec.drafted >= spec.accepted and spec.steps <= plain.steps
+    assert spec.tau == pytest.approx(spec.new_tokens / spec.steps)
