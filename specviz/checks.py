@@ -165,6 +165,10 @@ def check_identity(pair: ModelPair, prompts: Sequence[str], drafters: Sequence[D
                    log: Callable[[str], None] = print) -> tuple[DrafterCheck, ...]:
     """Greedy speculative outputs of every drafter against target-only greedy decoding.
 
+    Both sides ignore end-of-sequence tokens, so every prompt compares exactly
+    ``max_new_tokens`` tokens (what follows an end-of-sequence token is still the
+    target's deterministic greedy choice, so it tests the engine as well).
+
     Args:
         pair: target and draft, in the dtype to check.
         prompts: text prompts (chat template applied).
@@ -176,14 +180,14 @@ def check_identity(pair: ModelPair, prompts: Sequence[str], drafters: Sequence[D
     tag = _dtype_tag(target.dtype)
     plain = []
     for i, p in enumerate(prompts):
-        r = plain_generate(target, p, max_new_tokens=max_new_tokens)
+        r = plain_generate(target, p, max_new_tokens=max_new_tokens, stop_at_eos=False)
         plain.append(r)
         log(f"[{tag}] target-only prompt {i}: {len(r.output_ids)} tokens, {r.wall_time_s:.1f} s")
     checks = []
     for drafter in drafters:
         start = time.perf_counter()
         runs = speculative_generate_batch(target, drafter, list(prompts), max_new_tokens=max_new_tokens,
-                                          analyze=False)
+                                          analyze=False, stop_at_eos=False)
         wall = time.perf_counter() - start
         mismatches, matched, identical = [], 0, 0
         for i, (ref, run) in enumerate(zip(plain, runs)):

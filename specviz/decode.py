@@ -315,11 +315,30 @@ def _stop_reason(row: _Row, hit_eos: bool, max_new_tokens: int, max_context: int
     return ""
 
 
+def _verify_row(row: _Row, tree: DraftTree, logits: torch.Tensor, verifier: Verifier, config: SamplingConfig,
+                analyze: bool, keep_draft_probs: bool, draft_time: float, forward_time: float) -> StepTrace:
+    """Apply the verification rule to one row's tree and record the step; ``logits`` ``(N, V)``."""
+    t0 = time.perf_counter()
+    acc = verifier(tree, logits, config, row.generator)
+    verify_time = forward_time + time.perf_counter() - t0
+    if analyze:
+        node_probs = _node_probs(tree, logits, config)
+        expected = verifier.expected_accept_length(tree, logits, config)
+    else:
+        node_probs = torch.full((tree.n_nodes,), float("nan"))
+        expected = float("nan")
+    return StepTrace(
+        step=len(row.steps),
+        tree=tree if keep_draft_probs or tree.draft_probs is None else replace(tree, draft_probs=None),
+        acceptance=acc, target_token_probs=node_probs, expected_accept_length=expected,
+        draft_time_s=draft_time, verify_time_s=verify_time, drafter=row.drafter.name, context_len=len(row.tokens))
+
+
 def _run(target: LoadedModel, drafters: list[Drafter], prompts: list[list[int]], max_new_tokens: int,
          config: SamplingConfig, verifier: Verifier, seeds: list[int], analyze: bool,
-         keep_draft_probs: bool) -> list[GenerationResult]:
+         keep_draft_probs: bool, stop_at_eos: bool) -> list[GenerationResult]:
     start = time.perf_counter()
-    eos = eos_token_ids(target)
+    eos = eos_token_ids(target) if stop_at_eos else ()
     limit = target.max_context
     vocab = target.vocab_size
     mode = verifier.sibling_sampling
@@ -349,24 +368,11 @@ def _run(target: LoadedModel, drafters: list[Drafter], prompts: list[list[int]],
         keep_rows, dst, src = [], [], []
         for b, i in enumerate(active):
             row, tree = rows[i], trees[b]
-            row_logits = logits[b, :tree.n_nodes]  # (N, V)
-            t0 = time.perf_counter()
-            acc = verifier(tree, row_logits, config, row.generator)
-            verify_time = forward_time + time.perf_counter() - t0
-            if analyze:
-                node_probs = _node_probs(tree, row_logits, config)
-                expected = verifier.expected_accept_length(tree, row_logits, config)
-            else:
-                node_probs = torch.full((tree.n_nodes,), float("nan"))
-                expected = float("nan")
-            trace = StepTrace(
-                step=len(row.steps),
-                tree=tree if keep_draft_probs or tree.draft_probs is None else replace(tree, draft_probs=None),
-                acceptance=acc, target_token_probs=node_probs, expected_accept_length=expected,
-                draft_time_s=draft_time, verify_time_s=verify_time, drafter=row.drafter.name,
-                context_len=len(row.tokens))
+            trace = _verify_row(row, tree, logits[b, :tree.n_nodes], verifier, config, analyze, keep_draft_probs,
+                                draft_time, forward_time)
             row.steps.append(trace)
             row.drafter.observe(trace)
+            acc = trace.acceptance
             committed, hit_eos = _commit(acc.committed_tokens, eos)
             row.tokens.extend(committed)
             row.stop_reason = _stop_reason(row, hit_eos, max_new_tokens, limit)
@@ -403,7 +409,8 @@ def _prepare(target: LoadedModel, drafter: Drafter, prompts: Sequence, max_new_t
 def speculative_generate(target: LoadedModel, drafter: Drafter, prompt: str | Sequence[int], *,
                          max_new_tokens: int = 64, config: SamplingConfig = GREEDY,
                          verifier: str | Verifier = "greedy", seed: int = 0, chat: bool = True,
-                         analyze: bool = True, keep_draft_probs: bool = False) -> GenerationResult:
+                         analyze: bool = True, keep_draft_probs: bool = False,
+                         stop_at_eos: bool = True) -> GenerationResult:
     """Generate with speculative decoding: ``drafter`` proposes, ``target`` verifies.
 
     The drafter is reset first, so a run depends only on its arguments.
@@ -421,6 +428,8 @@ def speculative_generate(target: LoadedModel, drafter: Drafter, prompt: str | Se
             (costs a little; turn off for timing runs).
         keep_draft_probs: keep each tree's ``(N, V)`` draft distributions in the trace
             (large for real vocabularies).
+        stop_at_eos: stop after an end-of-sequence token (False generates exactly
+            ``max_new_tokens``, e.g. for fixed-length comparisons).
 
     Returns:
         A :class:`GenerationResult`; stops on an end-of-sequence token, after
@@ -432,14 +441,15 @@ def speculative_generate(target: LoadedModel, drafter: Drafter, prompt: str | Se
             drafter's tokenizer differs from the target's.
     """
     ids, rule = _prepare(target, drafter, [prompt], max_new_tokens, chat, config, verifier)
-    return _run(target, [drafter], ids, max_new_tokens, config, rule, [seed], analyze, keep_draft_probs)[0]
+    return _run(target, [drafter], ids, max_new_tokens, config, rule, [seed], analyze, keep_draft_probs,
+                stop_at_eos)[0]
 
 
 def speculative_generate_batch(target: LoadedModel, drafter: Drafter, prompts: Sequence[str | Sequence[int]], *,
                                max_new_tokens: int = 64, config: SamplingConfig = GREEDY,
                                verifier: str | Verifier = "greedy", seed: int | Sequence[int] = 0,
-                               chat: bool = True, analyze: bool = True,
-                               keep_draft_probs: bool = False) -> list[GenerationResult]:
+                               chat: bool = True, analyze: bool = True, keep_draft_probs: bool = False,
+                               stop_at_eos: bool = True) -> list[GenerationResult]:
     """Speculative decoding of several prompts at once, one target call per step for all rows.
 
     Every row gets its own copy of ``drafter`` (:meth:`~specviz.drafters.Drafter.spawn`)
@@ -461,7 +471,7 @@ def speculative_generate_batch(target: LoadedModel, drafter: Drafter, prompts: S
         raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
     ids, rule = _prepare(target, drafter, prompts, max_new_tokens, chat, config, verifier)
     drafters = [drafter.spawn() for _ in ids]
-    return _run(target, drafters, ids, max_new_tokens, config, rule, seeds, analyze, keep_draft_probs)
+    return _run(target, drafters, ids, max_new_tokens, config, rule, seeds, analyze, keep_draft_probs, stop_at_eos)
 
 
 @torch.no_grad()
@@ -512,7 +522,7 @@ def plain_generate(target: LoadedModel, prompt: str | Sequence[int], *, max_new_
 
 
 def replay_acceptance(target: LoadedModel, drafter: Drafter, reference: GenerationResult, *,
-                      max_new_tokens: int | None = None) -> GenerationResult:
+                      max_new_tokens: int | None = None, stop_at_eos: bool = True) -> GenerationResult:
     """Greedy acceptance of ``drafter`` along a recorded greedy continuation, no target calls.
 
     Under greedy decoding the committed sequence does not depend on the drafter, so the
@@ -531,6 +541,7 @@ def replay_acceptance(target: LoadedModel, drafter: Drafter, reference: Generati
             stop_at_eos=False)``, whose ``output_ids`` cover every position the replay
             needs.
         max_new_tokens: token budget (default ``reference.max_new_tokens``).
+        stop_at_eos: stop where a live run would stop at an end-of-sequence token.
 
     Raises:
         ValueError: a non-greedy reference, or one that ends before a position a step
@@ -545,7 +556,7 @@ def replay_acceptance(target: LoadedModel, drafter: Drafter, reference: Generati
     _check_budget(budget)
     _check_drafter(target, drafter)
     start = time.perf_counter()
-    eos = eos_token_ids(target)
+    eos = eos_token_ids(target) if stop_at_eos else ()
     cont = list(reference.output_ids)
     row = _Row(list(reference.prompt_ids), drafter, make_generator(0))
     drafter.reset()

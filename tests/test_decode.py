@@ -327,6 +327,9 @@ def test_stops_at_eos_like_the_target():
     assert plain.stop_reason == spec.stop_reason == "eos"
     assert spec.output_ids == plain.output_ids and spec.output_ids[-1] == eos
     assert len(spec.output_ids) == reference.output_ids.index(eos) + 1
+    # told to ignore end-of-sequence tokens, it goes on to the budget like the target
+    full = speculative_generate(target, ChainDrafter(draft, 4), PROMPTS[1], max_new_tokens=20, stop_at_eos=False)
+    assert full.output_ids == reference.output_ids and full.stop_reason == "max_new_tokens"
 
 
 def test_stops_at_the_context_limit():
