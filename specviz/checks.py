@@ -19,6 +19,11 @@ Three sections, each a function returning frozen dataclasses, plus a command lin
 Prompts are the first ``--prompts`` of the shipped prompt set, round-robin over its
 categories; all rows of a drafter run as one batch (one verify call per step for all
 prompts).
+
+The full command runs for a long time, so every finished unit (a target-only reference,
+one drafter's comparison) is appended to ``outputs/checks/partial/checks-<P>x<T>-<dtype>.jsonl``
+as it completes; running the same command again after an interruption skips what is
+there (``--fresh`` starts over).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from specviz.decode import plain_generate, replay_acceptance, speculative_generate_batch
+from specviz.decode import GenerationResult, plain_generate, replay_acceptance, speculative_generate_batch
 from specviz.drafters import (
     AdaptiveChainDrafter,
     ChainDrafter,
@@ -46,6 +51,8 @@ from specviz.drafters import (
 from specviz.metrics import summarize
 from specviz.models import DEFAULT_DRAFT, DEFAULT_TARGET, LoadedModel, ModelPair, load_pair
 from specviz.ngram import NgramDrafter, NgramTrieDrafter
+from specviz.results import ResultStore
+from specviz.sampling import GREEDY
 from specviz.shapes import chain, expansion, from_paths
 
 __all__ = [
@@ -54,6 +61,7 @@ __all__ = [
     "Mismatch",
     "DrafterCheck",
     "logit_gap",
+    "references",
     "check_identity",
     "ScheduleResult",
     "compare_schedules",
@@ -161,8 +169,37 @@ def logit_gap(target: LoadedModel, prefix: Sequence[int], a: int, b: int) -> tup
     return la - lb, top, step
 
 
+def references(target: LoadedModel, prompts: Sequence[str], max_new_tokens: int, store: ResultStore,
+               log: Callable[[str], None] = print) -> list[GenerationResult]:
+    """Target-only greedy outputs of ``prompts`` (end-of-sequence tokens ignored), each
+    read from ``store`` when it is there and added to it when computed."""
+    tag = _dtype_tag(target.dtype)
+    out = []
+    for i, p in enumerate(prompts):
+        unit = f"{tag}/target-only/{i}"
+        if unit in store:
+            row = store.rows_of(unit)[0]
+            r = GenerationResult(
+                prompt_ids=tuple(row["prompt_ids"]), output_ids=tuple(row["output_ids"]), text="", steps=(),
+                wall_time_s=row["wall_time_s"], stop_reason=row["stop_reason"], drafter="none", verifier="none",
+                config=GREEDY, max_new_tokens=max_new_tokens)
+        else:
+            r = plain_generate(target, p, max_new_tokens=max_new_tokens, stop_at_eos=False)
+            store.add(unit, {"prompt_ids": list(r.prompt_ids), "output_ids": list(r.output_ids),
+                             "wall_time_s": r.wall_time_s, "stop_reason": r.stop_reason})
+        out.append(r)
+        log(f"[{tag}] target-only prompt {i}: {len(r.output_ids)} tokens, {r.wall_time_s:.1f} s")
+    return out
+
+
+def _check_from_row(row: dict) -> DrafterCheck:
+    fields = dict(row)
+    fields["mismatches"] = tuple(Mismatch(*m) for m in fields["mismatches"])
+    return DrafterCheck(**{k: fields[k] for k in DrafterCheck.__dataclass_fields__})
+
+
 def check_identity(pair: ModelPair, prompts: Sequence[str], drafters: Sequence[Drafter], max_new_tokens: int,
-                   log: Callable[[str], None] = print) -> tuple[DrafterCheck, ...]:
+                   log: Callable[[str], None] = print, store: ResultStore | None = None) -> tuple[DrafterCheck, ...]:
     """Greedy speculative outputs of every drafter against target-only greedy decoding.
 
     Both sides ignore end-of-sequence tokens, so every prompt compares exactly
@@ -175,16 +212,21 @@ def check_identity(pair: ModelPair, prompts: Sequence[str], drafters: Sequence[D
         drafters: drafters built on ``pair``.
         max_new_tokens: budget per prompt.
         log: progress printer.
+        store: where finished units are kept (references and per-drafter results), so
+            that a rerun after an interruption resumes; None keeps nothing.
     """
     target = pair.target
     tag = _dtype_tag(target.dtype)
-    plain = []
-    for i, p in enumerate(prompts):
-        r = plain_generate(target, p, max_new_tokens=max_new_tokens, stop_at_eos=False)
-        plain.append(r)
-        log(f"[{tag}] target-only prompt {i}: {len(r.output_ids)} tokens, {r.wall_time_s:.1f} s")
+    store = store if store is not None else ResultStore(None)
+    plain = references(target, prompts, max_new_tokens, store, log)
     checks = []
     for drafter in drafters:
+        unit = f"{tag}/{drafter.name}"
+        if unit in store:
+            check = _check_from_row(store.rows_of(unit)[0])
+            log(f"[{tag}] {check.drafter}: {check.identical}/{check.n_prompts} identical (from {store.path})")
+            checks.append(check)
+            continue
         start = time.perf_counter()
         runs = speculative_generate_batch(target, drafter, list(prompts), max_new_tokens=max_new_tokens,
                                           analyze=False, stop_at_eos=False)
@@ -205,6 +247,8 @@ def check_identity(pair: ModelPair, prompts: Sequence[str], drafters: Sequence[D
         check = DrafterCheck(drafter.name, tag, len(prompts), identical, matched, sum(len(r.output_ids) for r in plain),
                              stats.tau, tuple(mismatches), wall)
         log(f"[{tag}] {check.drafter}: {identical}/{len(prompts)} identical, tau {check.tau:.2f}, {wall:.0f} s")
+        # a mismatch is kept as its field values in order (store rows hold scalars and lists)
+        store.add(unit, asdict(check) | {"mismatches": [list(asdict(m).values()) for m in check.mismatches]})
         checks.append(check)
     return tuple(checks)
 
@@ -236,10 +280,12 @@ class ScheduleResult:
 
 
 def compare_schedules(pair: ModelPair, prompts: Sequence[str], max_new_tokens: int, cost_ratio: float,
-                      log: Callable[[str], None] = print) -> tuple[ScheduleResult, ...]:
-    """Fixed chains versus the two adaptive schedules, by greedy replay on the same references."""
+                      log: Callable[[str], None] = print,
+                      store: ResultStore | None = None) -> tuple[ScheduleResult, ...]:
+    """Fixed chains versus the two adaptive schedules, by greedy replay on the same references
+    (target-only outputs are read from and added to ``store`` as in :func:`check_identity`)."""
     target, d = pair.target, pair.draft
-    refs = [plain_generate(target, p, max_new_tokens=max_new_tokens, stop_at_eos=False) for p in prompts]
+    refs = references(target, prompts, max_new_tokens, store if store is not None else ResultStore(None), log)
     log(f"references ready ({len(refs)} prompts)")
     schedules: list[Drafter] = [ChainDrafter(d, k) for k in (2, 4, 6)] + [
         AdaptiveChainDrafter(d, "heuristic"),
@@ -298,6 +344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cost-ratio", type=float, default=0.3,
                         help="draft-forward / target-verify cost for the adaptive section (default 0.3)")
     parser.add_argument("--out", default="checks.json", help="JSON report, relative to outputs/ (default checks.json)")
+    parser.add_argument("--fresh", action="store_true", help="ignore finished units of an earlier run and start over")
     args = parser.parse_args(argv)
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = sorted(set(sections) - {"identity", "bf16", "adaptive"})
@@ -311,12 +358,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(msg, flush=True)
 
+    from specviz.paths import OUTPUTS_DIR
+
+    # One store per dtype: the fp32 and bf16 sections can run as two processes at once.
+    stores: dict[str, ResultStore] = {}
+
+    def store_for(dtype: str) -> ResultStore:
+        if dtype not in stores:
+            path = OUTPUTS_DIR / "checks" / "partial" / f"checks-{args.prompts}x{args.tokens}-{dtype}.jsonl"
+            if args.fresh:
+                path.unlink(missing_ok=True)
+            stores[dtype] = ResultStore(path)
+            log(f"finished {dtype} units are kept in {path}")
+        return stores[dtype]
+
     for section, dtype in (("identity", "fp32"), ("bf16", "bf16")):
         if section not in sections:
             continue
+        store = store_for(dtype)
         pair = load_pair(DEFAULT_TARGET, DEFAULT_DRAFT, dtype=dtype)
         drafters = [d for d in default_drafters(pair) if not keep or any(k in d.name for k in keep)]
-        checks = check_identity(pair, prompts, drafters, args.tokens, log=log)
+        checks = check_identity(pair, prompts, drafters, args.tokens, log=log, store=store)
         log(format_checks(checks))
         report[section] = [asdict(c) | {"match_rate": c.match_rate, "token_match_rate": c.token_match_rate}
                            for c in checks]
@@ -325,7 +387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         del pair, drafters
     if "adaptive" in sections:
         pair = load_pair(DEFAULT_TARGET, DEFAULT_DRAFT, dtype="bf16")
-        results = compare_schedules(pair, prompts, args.tokens, args.cost_ratio, log=log)
+        results = compare_schedules(pair, prompts, args.tokens, args.cost_ratio, log=log, store=store_for("bf16"))
         log(format_schedules(results))
         report["adaptive"] = [asdict(r) for r in results]
     from specviz.paths import output_path

@@ -19,6 +19,7 @@ from specviz.checks import (
 from specviz.decode import encode_prompt
 from specviz.drafters import ChainDrafter, DynamicTreeDrafter
 from specviz.ngram import NgramDrafter
+from specviz.results import ResultStore
 
 PROMPTS = ["def square(x):", "Name three colours."]
 
@@ -32,6 +33,25 @@ def test_identity_check_passes_on_an_exact_engine(tiny_pair):
         assert c.mismatches == () and c.tau >= 1.0
     text = format_checks(checks)
     assert "chain(k=3)" in text and "2/2" in text
+
+
+def test_identity_check_resumes_from_its_store(tiny_pair, tmp_path, monkeypatch):
+    path = tmp_path / "partial" / "checks.jsonl"
+    chain3 = ChainDrafter(tiny_pair.draft, 3)
+    first = check_identity(tiny_pair, PROMPTS, [chain3], 10, log=lambda _: None, store=ResultStore(path))
+    # a rerun reads every finished unit back instead of decoding again
+    import specviz.checks as checks_module
+
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("a finished unit was recomputed")
+
+    monkeypatch.setattr(checks_module, "plain_generate", no_decoding)
+    monkeypatch.setattr(checks_module, "speculative_generate_batch", no_decoding)
+    again = check_identity(tiny_pair, PROMPTS, [chain3], 10, log=lambda _: None, store=ResultStore(path))
+    assert again == first
+    # a drafter the store has not seen yet still runs
+    with pytest.raises(AssertionError, match="recomputed"):
+        check_identity(tiny_pair, PROMPTS, [NgramDrafter(n=2)], 10, log=lambda _: None, store=ResultStore(path))
 
 
 def test_logit_gap_reads_the_targets_own_logits(tiny_pair):

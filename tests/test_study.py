@@ -114,6 +114,18 @@ def test_study_notebooks_are_committed_executed_without_errors(name):
     assert not [o for c in code for o in c.outputs if o.output_type == "error"]
 
 
+def test_committed_report_reads_complete_reference_results():
+    """The report notebook, run on its own, reads outputs/reference/: every table it
+    looks for and the benchmark CSV must be committed there."""
+    nb = nbformat.read(NOTEBOOKS_DIR / "08_report.ipynb", as_version=4)
+    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs
+                   if o.output_type == "stream")
+    found = re.search(r"results: outputs/reference; tables found: (\d+) of (\d+)", text)
+    assert found, "08_report.ipynb must be committed executed on outputs/reference"
+    assert found[1] == found[2], f"reference results lack tables: {found[0]}"
+    assert "benchmark: outputs/reference/bench-greedy.csv" in text
+
+
 # -- parameters and fingerprints -----------------------------------------------------------
 
 DECLARED = {"out_dir": {}, "prompts_path": {}, "prompt_limit": {}, "trials": {}}
