@@ -172,20 +172,27 @@ def logit_gap(target: LoadedModel, prefix: Sequence[int], a: int, b: int) -> tup
 def references(target: LoadedModel, prompts: Sequence[str], max_new_tokens: int, store: ResultStore,
                log: Callable[[str], None] = print) -> list[GenerationResult]:
     """Target-only greedy outputs of ``prompts`` (end-of-sequence tokens ignored), each
-    read from ``store`` when it is there and added to it when computed."""
+    read from ``store`` when it is there and added to it when computed.
+
+    Raises:
+        ValueError: the store holds a reference for a different prompt text.
+    """
     tag = _dtype_tag(target.dtype)
     out = []
     for i, p in enumerate(prompts):
         unit = f"{tag}/target-only/{i}"
         if unit in store:
             row = store.rows_of(unit)[0]
+            if row.get("prompt") != p:
+                raise ValueError(f"{store.path} holds a reference for a different prompt {i}; "
+                                 "the prompt set changed since it was written (start over with --fresh)")
             r = GenerationResult(
                 prompt_ids=tuple(row["prompt_ids"]), output_ids=tuple(row["output_ids"]), text="", steps=(),
                 wall_time_s=row["wall_time_s"], stop_reason=row["stop_reason"], drafter="none", verifier="none",
                 config=GREEDY, max_new_tokens=max_new_tokens)
         else:
             r = plain_generate(target, p, max_new_tokens=max_new_tokens, stop_at_eos=False)
-            store.add(unit, {"prompt_ids": list(r.prompt_ids), "output_ids": list(r.output_ids),
+            store.add(unit, {"prompt": p, "prompt_ids": list(r.prompt_ids), "output_ids": list(r.output_ids),
                              "wall_time_s": r.wall_time_s, "stop_reason": r.stop_reason})
         out.append(r)
         log(f"[{tag}] target-only prompt {i}: {len(r.output_ids)} tokens, {r.wall_time_s:.1f} s")

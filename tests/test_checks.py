@@ -52,6 +52,9 @@ def test_identity_check_resumes_from_its_store(tiny_pair, tmp_path, monkeypatch)
     # a drafter the store has not seen yet still runs
     with pytest.raises(AssertionError, match="recomputed"):
         check_identity(tiny_pair, PROMPTS, [NgramDrafter(n=2)], 10, log=lambda _: None, store=ResultStore(path))
+    # references written for other prompts are refused, not silently reused
+    with pytest.raises(ValueError, match="different prompt"):
+        check_identity(tiny_pair, PROMPTS[::-1], [chain3], 10, log=lambda _: None, store=ResultStore(path))
 
 
 def test_logit_gap_reads_the_targets_own_logits(tiny_pair):
