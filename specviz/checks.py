@@ -29,6 +29,7 @@ there (``--fresh`` starts over).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import sys
@@ -38,7 +39,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from specviz.decode import GenerationResult, plain_generate, replay_acceptance, speculative_generate_batch
+from specviz.decode import GenerationResult, replay_acceptance, speculative_generate_batch
 from specviz.drafters import (
     AdaptiveChainDrafter,
     ChainDrafter,
@@ -52,8 +53,8 @@ from specviz.metrics import summarize
 from specviz.models import DEFAULT_DRAFT, DEFAULT_TARGET, LoadedModel, ModelPair, load_pair
 from specviz.ngram import NgramDrafter, NgramTrieDrafter
 from specviz.results import ResultStore
-from specviz.sampling import GREEDY
 from specviz.shapes import chain, expansion, from_paths
+from specviz.sweep import greedy_reference, reference_key
 
 __all__ = [
     "SPARSE_TREE",
@@ -172,28 +173,12 @@ def logit_gap(target: LoadedModel, prefix: Sequence[int], a: int, b: int) -> tup
 def references(target: LoadedModel, prompts: Sequence[str], max_new_tokens: int, store: ResultStore,
                log: Callable[[str], None] = print) -> list[GenerationResult]:
     """Target-only greedy outputs of ``prompts`` (end-of-sequence tokens ignored), each
-    read from ``store`` when it is there and added to it when computed.
-
-    Raises:
-        ValueError: the store holds a reference for a different prompt text.
-    """
+    read from ``store`` when it is there and added to it when computed
+    (:func:`specviz.sweep.greedy_reference`, keyed by model, dtype, budget and prompt ids)."""
     tag = _dtype_tag(target.dtype)
     out = []
     for i, p in enumerate(prompts):
-        unit = f"{tag}/target-only/{i}"
-        if unit in store:
-            row = store.rows_of(unit)[0]
-            if row.get("prompt") != p:
-                raise ValueError(f"{store.path} holds a reference for a different prompt {i}; "
-                                 "the prompt set changed since it was written (start over with --fresh)")
-            r = GenerationResult(
-                prompt_ids=tuple(row["prompt_ids"]), output_ids=tuple(row["output_ids"]), text="", steps=(),
-                wall_time_s=row["wall_time_s"], stop_reason=row["stop_reason"], drafter="none", verifier="none",
-                config=GREEDY, max_new_tokens=max_new_tokens)
-        else:
-            r = plain_generate(target, p, max_new_tokens=max_new_tokens, stop_at_eos=False)
-            store.add(unit, {"prompt": p, "prompt_ids": list(r.prompt_ids), "output_ids": list(r.output_ids),
-                             "wall_time_s": r.wall_time_s, "stop_reason": r.stop_reason})
+        r = greedy_reference(target, p, max_new_tokens, store=store)
         out.append(r)
         log(f"[{tag}] target-only prompt {i}: {len(r.output_ids)} tokens, {r.wall_time_s:.1f} s")
     return out
@@ -227,8 +212,11 @@ def check_identity(pair: ModelPair, prompts: Sequence[str], drafters: Sequence[D
     store = store if store is not None else ResultStore(None)
     plain = references(target, prompts, max_new_tokens, store, log)
     checks = []
+    # a drafter's result is only valid for these prompts and this budget
+    runs_key = hashlib.sha256(" ".join(reference_key(target, r.prompt_ids, max_new_tokens)
+                                       for r in plain).encode()).hexdigest()[:16]
     for drafter in drafters:
-        unit = f"{tag}/{drafter.name}"
+        unit = f"{tag}/{drafter.name}/{runs_key}"
         if unit in store:
             check = _check_from_row(store.rows_of(unit)[0])
             log(f"[{tag}] {check.drafter}: {check.identical}/{check.n_prompts} identical (from {store.path})")
