@@ -9,7 +9,7 @@ The package follows one step of speculative decoding from left to right::
                 n-gram, ...)
 
 ``study`` runs the notebooks headlessly and ``bench`` measures wall-clock speedups.
-Modules are imported lazily by the user (``from specviz.tree import DraftTree``) so that
+Modules are imported lazily by the user (``from specviz.tree.core import DraftTree``) so that
 ``import specviz`` stays cheap.
 """
 

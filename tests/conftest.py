@@ -14,8 +14,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
 
-from specviz.models import DEFAULT_DRAFT, DEFAULT_TARGET, ModelPair, load_pair  # noqa: E402
-from specviz.models import tiny_pair as make_tiny_pair  # noqa: E402
+from specviz.models.loading import DEFAULT_DRAFT, DEFAULT_TARGET, ModelPair, load_pair  # noqa: E402
+from specviz.models.loading import tiny_pair as make_tiny_pair  # noqa: E402
 
 
 def _in_ci() -> bool:

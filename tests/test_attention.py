@@ -3,14 +3,14 @@
 import pytest
 import torch
 
-from specviz.attention import (
+from specviz.attention.kernels import (
     causal_attention,
     per_path_attention,
     tree_attention,
     tree_attention_reference,
 )
-from specviz.shapes import chain, expansion, from_paths
-from specviz.tree import DraftTree, pad_trees, tree_attention_mask
+from specviz.tree.shapes import chain, expansion, from_paths
+from specviz.tree.core import DraftTree, pad_trees, tree_attention_mask
 
 TOL = dict(atol=1e-5, rtol=1e-5)
 

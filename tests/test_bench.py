@@ -7,7 +7,7 @@ import re
 import pandas as pd
 import pytest
 
-from specviz import bench
+import specviz.bench.e2e as bench
 
 PROMPTS = (
     {"question_id": 1, "category": "code", "turns": ["def add(a, b): return a + b\ndef add(a, b): return"]},

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from specviz.paths import NOTEBOOKS_DIR, outputs_dir
+from specviz.locations import NOTEBOOKS_DIR, outputs_dir
 
 pytestmark = pytest.mark.browser
 

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from specviz.checks import (
+from specviz.checks.identity import (
     DrafterCheck,
     Mismatch,
     check_identity,
@@ -16,10 +16,10 @@ from specviz.checks import (
     logit_gap,
     main,
 )
-from specviz.decode import encode_prompt
-from specviz.drafters import ChainDrafter, DynamicTreeDrafter
-from specviz.ngram import NgramDrafter
-from specviz.results import ResultStore
+from specviz.decode.engine import encode_prompt
+from specviz.draft.base import ChainDrafter, DynamicTreeDrafter
+from specviz.draft.ngram import NgramDrafter
+from specviz.study.store import ResultStore
 
 PROMPTS = ["def square(x):", "Name three colours."]
 
@@ -40,12 +40,12 @@ def test_identity_check_resumes_from_its_store(tiny_pair, tmp_path, monkeypatch)
     chain3 = ChainDrafter(tiny_pair.draft, 3)
     first = check_identity(tiny_pair, PROMPTS, [chain3], 10, log=lambda _: None, store=ResultStore(path))
     # a rerun reads every finished unit back instead of decoding again
-    import specviz.checks as checks_module
+    import specviz.checks.identity as checks_module
 
     def no_decoding(*args, **kwargs):
         raise AssertionError("a finished unit was recomputed")
 
-    import specviz.sweep as sweep_module
+    import specviz.decode.replay as sweep_module
 
     monkeypatch.setattr(sweep_module, "plain_generate", no_decoding)
     monkeypatch.setattr(checks_module, "speculative_generate_batch", no_decoding)

@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from specviz.decode import (
+from specviz.decode.engine import (
     GenerationResult,
     encode_prompt,
     eos_token_ids,
@@ -16,7 +16,7 @@ from specviz.decode import (
     speculative_generate,
     speculative_generate_batch,
 )
-from specviz.drafters import (
+from specviz.draft.base import (
     AdaptiveChainDrafter,
     ChainDrafter,
     Drafter,
@@ -25,12 +25,12 @@ from specviz.drafters import (
     SelfSpeculativeDrafter,
     TreeDrafter,
 )
-from specviz.kvcache import cache_length, compact_cache, forward_tokens, new_cache
-from specviz.models import LoadedModel, TokenizerMismatchError, tiny_model, tiny_tokenizer
-from specviz.ngram import NgramDrafter, NgramTrieDrafter
+from specviz.models.kvcache import cache_length, compact_cache, forward_tokens, new_cache
+from specviz.models.loading import LoadedModel, TokenizerMismatchError, tiny_model, tiny_tokenizer
+from specviz.draft.ngram import NgramDrafter, NgramTrieDrafter
 from specviz.sampling import SamplingConfig, probs_from_logits
-from specviz.shapes import chain, expansion, from_paths, kary
-from specviz.tree import DraftTree, pad_trees, tree_attention_mask
+from specviz.tree.shapes import chain, expansion, from_paths, kary
+from specviz.tree.core import DraftTree, pad_trees, tree_attention_mask
 
 PROMPTS = (
     "def fizzbuzz(n):",  # code

@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from specviz.decode import StepTrace, encode_prompt
-from specviz.drafters import (
+from specviz.decode.engine import StepTrace, encode_prompt
+from specviz.draft.base import (
     AdaptiveChainDrafter,
     ChainDrafter,
     DraftModelState,
@@ -21,12 +21,12 @@ from specviz.drafters import (
     run_draft_forwards,
     truncated_model,
 )
-from specviz.kvcache import cache_length
-from specviz.ngram import NgramDrafter
+from specviz.models.kvcache import cache_length
+from specviz.draft.ngram import NgramDrafter
 from specviz.sampling import GREEDY, SamplingConfig, make_generator
-from specviz.shapes import TreeShape, chain, expansion, from_paths, kary
-from specviz.tree import DraftTree, depths, path_to
-from specviz.verify import Acceptance
+from specviz.tree.shapes import TreeShape, chain, expansion, from_paths, kary
+from specviz.tree.core import DraftTree, depths, path_to
+from specviz.verify.rules import Acceptance
 
 SAMPLED = SamplingConfig(temperature=1.0)
 

@@ -7,8 +7,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from specviz.drafters import ChainDrafter, DynamicTreeDrafter, TreeDrafter
-from specviz.explorer import (
+from specviz.draft.base import ChainDrafter, DynamicTreeDrafter, TreeDrafter
+from specviz.render.explorer import (
     STRATEGIES,
     Explorer,
     ExplorerSettings,
@@ -17,7 +17,7 @@ from specviz.explorer import (
     run_settings,
     verifier_for,
 )
-from specviz.ngram import NgramTrieDrafter
+from specviz.draft.ngram import NgramTrieDrafter
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 

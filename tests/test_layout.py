@@ -7,9 +7,9 @@ import itertools
 import pytest
 import torch
 
-from specviz.layout import TreeLayout, tidy_layout
-from specviz.shapes import chain, expansion, kary
-from specviz.tree import DraftTree
+from specviz.render.layout import TreeLayout, tidy_layout
+from specviz.tree.shapes import chain, expansion, kary
+from specviz.tree.core import DraftTree
 
 
 def _random_parents(n: int, seed: int) -> list[int]:

@@ -5,12 +5,12 @@ import math
 import pytest
 import torch
 
-from specviz.decode import GenerationResult, StepTrace, speculative_generate
-from specviz.drafters import ChainDrafter
-from specviz.metrics import AcceptanceStats, per_depth_acceptance, summarize, summarize_steps, to_frame, to_records
+from specviz.decode.engine import GenerationResult, StepTrace, speculative_generate
+from specviz.draft.base import ChainDrafter
+from specviz.metrics.acceptance import AcceptanceStats, per_depth_acceptance, summarize, summarize_steps, to_frame, to_records
 from specviz.sampling import GREEDY
-from specviz.tree import DraftTree
-from specviz.verify import Acceptance
+from specviz.tree.core import DraftTree
+from specviz.verify.rules import Acceptance
 
 
 def _step(parents, accepted_nodes, expected=0.0, drafter="d", draft_time=0.1, verify_time=0.2) -> StepTrace:

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from specviz import models
-from specviz.models import (
+import specviz.models.loading as models
+from specviz.models.loading import (
     BuiltinModel,
     TokenizerMismatchError,
     check_same_tokenizer,

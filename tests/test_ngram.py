@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from specviz.ngram import NgramDrafter, NgramIndex, NgramMatch, NgramTrieDrafter
+from specviz.draft.ngram import NgramDrafter, NgramIndex, NgramMatch, NgramTrieDrafter
 from specviz.sampling import GREEDY, SamplingConfig, make_generator
-from specviz.tree import DraftTree, children_lists
+from specviz.tree.core import DraftTree, children_lists
 
 
 def _ctx(*tokens: int) -> torch.Tensor:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from specviz.prompts import (
+from specviz.study.prompts import (
     CATEGORIES,
     DEFAULT_PROMPTS_PATH,
     Prompt,

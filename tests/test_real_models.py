@@ -8,8 +8,8 @@ one batch per step. The full check (10 prompts x 128 tokens, plus the bf16 match
 
 import pytest
 
-from specviz.decode import eos_token_ids, plain_generate, replay_acceptance, speculative_generate_batch
-from specviz.drafters import (
+from specviz.decode.engine import eos_token_ids, plain_generate, replay_acceptance, speculative_generate_batch
+from specviz.draft.base import (
     AdaptiveChainDrafter,
     ChainDrafter,
     DynamicTreeDrafter,
@@ -17,8 +17,8 @@ from specviz.drafters import (
     SelfSpeculativeDrafter,
     TreeDrafter,
 )
-from specviz.ngram import NgramDrafter, NgramTrieDrafter
-from specviz.shapes import expansion, from_paths
+from specviz.draft.ngram import NgramDrafter, NgramTrieDrafter
+from specviz.tree.shapes import expansion, from_paths
 
 pytestmark = pytest.mark.slow
 

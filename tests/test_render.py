@@ -9,8 +9,8 @@ import shutil
 import pytest
 import torch
 
-from specviz.models import tiny_tokenizer
-from specviz.render import (
+from specviz.models.loading import tiny_tokenizer
+from specviz.render.figures import (
     STATUSES,
     committed_tokens,
     escape_token,
@@ -26,9 +26,9 @@ from specviz.render import (
     tree_nodes,
 )
 from specviz.sampling import SamplingConfig, make_generator
-from specviz.shapes import expansion
-from specviz.tree import DraftTree
-from specviz.verify import Acceptance, get_verifier
+from specviz.tree.shapes import expansion
+from specviz.tree.core import DraftTree
+from specviz.verify.rules import Acceptance, get_verifier
 
 VOCAB = 16
 
@@ -204,9 +204,9 @@ def test_save_png(tmp_path):
 
 @pytest.fixture(scope="module")
 def generation(tiny_pair):
-    from specviz.decode import speculative_generate
-    from specviz.drafters import make_drafter
-    from specviz.shapes import kary
+    from specviz.decode.engine import speculative_generate
+    from specviz.draft.base import make_drafter
+    from specviz.tree.shapes import kary
 
     before = torch.get_num_threads()
     torch.set_num_threads(1)  # module-scoped: runs before the per-test fixture

@@ -9,7 +9,7 @@ import stat
 import pandas as pd
 import pytest
 
-from specviz.results import ResultFileError, ResultStore, atomic_write_text, load_table, save_table, table_paths
+from specviz.study.store import ResultFileError, ResultStore, atomic_write_text, load_table, save_table, table_paths
 
 
 def test_save_and_load_table_round_trip(tmp_path):

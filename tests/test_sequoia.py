@@ -5,13 +5,13 @@ import math
 import pytest
 import torch
 
-from specviz.sequoia import (
+from specviz.tree.sequoia import (
     best_tree_for_hardware,
     expected_tokens,
     positional_acceptance_from_counts,
     sequoia_tree,
 )
-from specviz.shapes import chain, from_paths, kary
+from specviz.tree.shapes import chain, from_paths, kary
 
 
 def all_trees(n_ranks: int, budget: int, max_depth: int):

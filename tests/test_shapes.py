@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from specviz.shapes import TreeShape, chain, expansion, from_paths, kary
-from specviz.tree import DraftTree, depths
+from specviz.tree.shapes import TreeShape, chain, expansion, from_paths, kary
+from specviz.tree.core import DraftTree, depths
 
 
 def test_chain():

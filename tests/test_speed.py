@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from specviz.drafters import ChainDrafter
-from specviz.sequoia import expected_tokens
-from specviz.shapes import chain, expansion
-from specviz.speed import (CostModel, StepCost, forward_cost_curve, predicted_speedup, sequoia_plan, timed_run,
+from specviz.draft.base import ChainDrafter
+from specviz.tree.sequoia import expected_tokens
+from specviz.tree.shapes import chain, expansion
+from specviz.bench.cost import (CostModel, StepCost, forward_cost_curve, predicted_speedup, sequoia_plan, timed_run,
                            tree_step_cost)
 
 COSTS = CostModel(((1, 500.0), (8, 1400.0), (64, 4700.0)), ((1, 180.0), (8, 490.0), (64, 1500.0)))

@@ -11,9 +11,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from specviz import study
-from specviz.paths import NOTEBOOKS_DIR
-from specviz.study import (
+import specviz.study.runner as study
+from specviz.locations import NOTEBOOKS_DIR
+from specviz.study.runner import (
     PRESETS,
     NotebookRun,
     Preset,
@@ -35,7 +35,7 @@ def _builtin_models_missing() -> list[str]:
     """Data packages of the built-in pair that are not installed (the smoke run needs them)."""
     import importlib.metadata
 
-    from specviz.models import BUILTIN_MODELS
+    from specviz.models.loading import BUILTIN_MODELS
 
     missing = []
     for spec in BUILTIN_MODELS.values():

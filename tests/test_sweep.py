@@ -8,14 +8,14 @@ import pandas as pd
 import pytest
 import torch
 
-from specviz.decode import plain_generate, replay_acceptance, speculative_generate
-from specviz.drafters import DynamicTreeDrafter, TreeDrafter
-from specviz.metrics import summarize_steps
-from specviz.ngram import NgramDrafter
-from specviz.results import ResultStore
+from specviz.decode.engine import plain_generate, replay_acceptance, speculative_generate
+from specviz.draft.base import DynamicTreeDrafter, TreeDrafter
+from specviz.metrics.acceptance import summarize_steps
+from specviz.draft.ngram import NgramDrafter
+from specviz.study.store import ResultStore
 from specviz.sampling import SamplingConfig, make_generator
-from specviz.shapes import chain, expansion, from_paths, kary
-from specviz.sweep import (
+from specviz.tree.shapes import chain, expansion, from_paths, kary
+from specviz.decode.replay import (
     SHAPE_FAMILIES,
     TreeScorer,
     acceptance_summary,
@@ -31,7 +31,7 @@ from specviz.sweep import (
     replay_shape,
     score_rules,
 )
-from specviz.tree import DraftTree
+from specviz.tree.core import DraftTree
 
 PROMPTS = ("def fizzbuzz(n):", "What is 17 * 23? Think step by step.")
 SHAPES = {

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from specviz.sampling import GREEDY, SamplingConfig, make_generator, probs_from_logits
-from specviz.shapes import chain, expansion
-from specviz.synthetic import (
+from specviz.tree.shapes import chain, expansion
+from specviz.verify.lab import (
     ToyModel,
     check_rule,
     checks_table,
@@ -16,7 +16,7 @@ from specviz.synthetic import (
     expected_acceptance_table,
     toy_pair,
 )
-from specviz.tree import children_lists
+from specviz.tree.core import children_lists
 
 PAIR = toy_pair(vocab=6, max_depth=2, seed=3)
 T1 = SamplingConfig(temperature=1.0)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specviz.shapes import chain, expansion
-from specviz.timing import (
+from specviz.tree.shapes import chain, expansion
+from specviz.bench.attention import (
     TIMING_COLUMNS,
     AttentionDims,
     attention_work,
@@ -15,7 +15,7 @@ from specviz.timing import (
     time_call,
     time_tree_attention,
 )
-from specviz.tree import DraftTree
+from specviz.tree.core import DraftTree
 
 # root -> {1, 2}; 1 -> {3}: paths [0, 1, 3] and [0, 2]
 PARENTS = [-1, 0, 0, 1]

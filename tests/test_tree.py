@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from specviz.tree import (
+from specviz.tree.core import (
     DraftTree,
     ancestor_mask,
     children_lists,

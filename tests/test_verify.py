@@ -22,8 +22,8 @@ import pytest
 import torch
 
 from specviz.sampling import GREEDY, SamplingConfig, make_generator, probs_from_logits
-from specviz.tree import DraftTree, children_lists
-from specviz.verify import (
+from specviz.tree.core import DraftTree, children_lists
+from specviz.verify.rules import (
     SIBLING_SAMPLING,
     VERIFIERS,
     Acceptance,

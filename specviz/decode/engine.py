@@ -36,12 +36,12 @@ from typing import Sequence
 
 import torch
 
-from specviz.drafters import Drafter, draft_all
-from specviz.kvcache import cache_length, compact_cache, forward_tokens, new_cache, select_rows
-from specviz.models import LoadedModel, check_same_tokenizer
+from specviz.draft.base import Drafter, draft_all
+from specviz.models.kvcache import cache_length, compact_cache, forward_tokens, new_cache, select_rows
+from specviz.models.loading import LoadedModel, check_same_tokenizer
 from specviz.sampling import GREEDY, SamplingConfig, make_generator, probs_from_logits, sample
-from specviz.tree import DraftTree, depths, pad_trees
-from specviz.verify import Acceptance, Verifier, get_verifier
+from specviz.tree.core import DraftTree, depths, pad_trees
+from specviz.verify.rules import Acceptance, Verifier, get_verifier
 
 __all__ = [
     "STOP_REASONS",

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from specviz.locations import DATA_DIR
+
 __all__ = [
     "CATEGORIES",
     "DEFAULT_PROMPTS_PATH",
@@ -41,7 +43,7 @@ CATEGORIES: tuple[str, ...] = (
 )
 
 #: ``<repo root>/data/prompts.jsonl``, located from this file, not the working directory.
-DEFAULT_PROMPTS_PATH: Path = Path(__file__).resolve().parents[1] / "data" / "prompts.jsonl"
+DEFAULT_PROMPTS_PATH: Path = DATA_DIR / "prompts.jsonl"
 
 _REQUIRED_KEYS: tuple[str, ...] = ("question_id", "category", "turns")
 

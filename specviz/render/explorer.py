@@ -3,7 +3,7 @@ watch the draft trees, their acceptance and the statistics follow.
 
 ``explore()`` in a notebook cell opens it::
 
-    from specviz.explorer import explore
+    from specviz.render.explorer import explore
     explore(model="tiny")          # random tiny pair: instant, for trying the controls
     explore(model="builtin")       # Qwen2.5-Coder 1.5B target + 0.5B draft
 
@@ -25,12 +25,12 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from specviz.decode import GenerationResult, StepTrace, speculative_generate
-from specviz.drafters import Drafter, make_drafter
-from specviz.models import ModelPair, load_pair, tiny_pair
-from specviz.render import figure_mimebundle, mask_figure, stats_html, step_tree_figure, step_view_figure
+from specviz.decode.engine import GenerationResult, StepTrace, speculative_generate
+from specviz.draft.base import Drafter, make_drafter
+from specviz.models.loading import ModelPair, load_pair, tiny_pair
+from specviz.render.figures import figure_mimebundle, mask_figure, stats_html, step_tree_figure, step_view_figure
 from specviz.sampling import SamplingConfig
-from specviz.shapes import TreeShape
+from specviz.tree.shapes import TreeShape
 
 __all__ = [
     "STRATEGIES",

@@ -39,8 +39,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from specviz.decode import GenerationResult, replay_acceptance, speculative_generate_batch
-from specviz.drafters import (
+from specviz.decode.engine import GenerationResult, replay_acceptance, speculative_generate_batch
+from specviz.draft.base import (
     AdaptiveChainDrafter,
     ChainDrafter,
     Drafter,
@@ -49,12 +49,12 @@ from specviz.drafters import (
     SelfSpeculativeDrafter,
     TreeDrafter,
 )
-from specviz.metrics import summarize
-from specviz.models import DEFAULT_DRAFT, DEFAULT_TARGET, LoadedModel, ModelPair, load_pair
-from specviz.ngram import NgramDrafter, NgramTrieDrafter
-from specviz.results import ResultStore
-from specviz.shapes import chain, expansion, from_paths
-from specviz.sweep import greedy_reference, reference_key
+from specviz.metrics.acceptance import summarize
+from specviz.models.loading import DEFAULT_DRAFT, DEFAULT_TARGET, LoadedModel, ModelPair, load_pair
+from specviz.draft.ngram import NgramDrafter, NgramTrieDrafter
+from specviz.study.store import ResultStore
+from specviz.tree.shapes import chain, expansion, from_paths
+from specviz.decode.replay import greedy_reference, reference_key
 
 __all__ = [
     "SPARSE_TREE",
@@ -322,7 +322,7 @@ def format_schedules(results: Sequence[ScheduleResult]) -> str:
 
 
 def _prompts(n: int) -> list[str]:
-    from specviz.prompts import load_prompts
+    from specviz.study.prompts import load_prompts
 
     return [p.text for p in load_prompts(limit=n)]
 
@@ -353,7 +353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(msg, flush=True)
 
-    from specviz.paths import OUTPUTS_DIR
+    from specviz.locations import OUTPUTS_DIR
 
     # One store per dtype: the fp32 and bf16 sections can run as two processes at once.
     stores: dict[str, ResultStore] = {}
@@ -385,7 +385,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = compare_schedules(pair, prompts, args.tokens, args.cost_ratio, log=log, store=store_for("bf16"))
         log(format_schedules(results))
         report["adaptive"] = [asdict(r) for r in results]
-    from specviz.paths import output_path
+    from specviz.locations import output_path
 
     path = output_path(args.out)
     path.write_text(json.dumps(report, indent=1))

@@ -54,7 +54,7 @@ from typing import Generator, Sequence
 
 import torch
 
-from specviz.kvcache import (
+from specviz.models.kvcache import (
     cache_length,
     compact_cache,
     crop_cache,
@@ -63,11 +63,11 @@ from specviz.kvcache import (
     split_cache,
     stack_caches,
 )
-from specviz.merge import merge_trees
-from specviz.models import LoadedModel
+from specviz.draft.merge import merge_trees
+from specviz.models.loading import LoadedModel
 from specviz.sampling import SamplingConfig, probs_from_logits
-from specviz.shapes import TreeShape, chain
-from specviz.tree import DraftTree
+from specviz.tree.shapes import TreeShape, chain
+from specviz.tree.core import DraftTree
 
 __all__ = [
     "Drafter",
@@ -892,6 +892,6 @@ def make_drafter(strategy: str, *, draft=None, target=None, **params) -> Drafter
         return SelfSpeculativeDrafter(target, **params)
     if strategy == "merged":
         return MergedDrafter(**params)
-    from specviz.ngram import NgramDrafter, NgramTrieDrafter  # ngram imports this module
+    from specviz.draft.ngram import NgramDrafter, NgramTrieDrafter  # ngram imports this module
 
     return NgramDrafter(**params) if strategy == "ngram" else NgramTrieDrafter(**params)

@@ -73,8 +73,8 @@ from typing import ClassVar
 
 import torch
 
-from .sampling import SamplingConfig, probs_from_logits
-from .tree import DraftTree, children_lists, depths
+from specviz.sampling import SamplingConfig, probs_from_logits
+from specviz.tree.core import DraftTree, children_lists, depths
 
 __all__ = [
     "Acceptance",

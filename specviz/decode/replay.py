@@ -46,17 +46,17 @@ from typing import Iterable, Sequence
 import pandas as pd
 import torch
 
-from specviz.decode import GenerationResult, encode_prompt, eos_token_ids, plain_generate
-from specviz.drafters import DynamicTreeDrafter
-from specviz.kvcache import crop_cache, forward_tokens, new_cache
-from specviz.merge import merge_trees_with_map
-from specviz.models import LoadedModel
-from specviz.results import ResultStore
+from specviz.decode.engine import GenerationResult, encode_prompt, eos_token_ids, plain_generate
+from specviz.draft.base import DynamicTreeDrafter
+from specviz.models.kvcache import crop_cache, forward_tokens, new_cache
+from specviz.draft.merge import merge_trees_with_map
+from specviz.models.loading import LoadedModel
+from specviz.study.store import ResultStore
 from specviz.sampling import GREEDY, SamplingConfig
-from specviz.sequoia import positional_acceptance_from_counts, sequoia_tree
-from specviz.shapes import TreeShape, chain, expansion, kary
-from specviz.tree import DraftTree, children_lists, depths, tree_attention_mask
-from specviz.verify import get_verifier
+from specviz.tree.sequoia import positional_acceptance_from_counts, sequoia_tree
+from specviz.tree.shapes import TreeShape, chain, expansion, kary
+from specviz.tree.core import DraftTree, children_lists, depths, tree_attention_mask
+from specviz.verify.rules import get_verifier
 
 __all__ = [
     "StepRecord",

@@ -42,8 +42,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from specviz.paths import NOTEBOOKS_DIR, OUTPUTS_DIR
-from specviz.results import atomic_write_text
+from specviz.locations import NOTEBOOKS_DIR, OUTPUTS_DIR
+from specviz.study.store import atomic_write_text
 
 if TYPE_CHECKING:
     import torch
@@ -249,7 +249,7 @@ def declared_parameters(notebook: str | Path) -> dict[str, dict[str, Any]]:
 def _check_prompts(prompts: str | Path | None) -> Path | None:
     if prompts is None:
         return None
-    from specviz.prompts import PromptFileError, load_prompts
+    from specviz.study.prompts import PromptFileError, load_prompts
 
     path = Path(prompts).expanduser().resolve()
     if not path.is_file():

@@ -32,12 +32,12 @@ from typing import Callable, Mapping, Sequence
 import pandas as pd
 import torch
 
-from specviz.attention import causal_attention, per_path_attention, tree_attention
-from specviz.models import parse_dtype
+from specviz.attention.kernels import causal_attention, per_path_attention, tree_attention
+from specviz.models.loading import parse_dtype
 from specviz.sampling import make_generator
-from specviz.sequoia import sequoia_tree
-from specviz.shapes import TreeShape
-from specviz.tree import DraftTree, leaves, root_to_leaf_paths, tree_attention_mask
+from specviz.tree.sequoia import sequoia_tree
+from specviz.tree.shapes import TreeShape
+from specviz.tree.core import DraftTree, leaves, root_to_leaf_paths, tree_attention_mask
 
 __all__ = [
     "AttentionDims",

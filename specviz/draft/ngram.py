@@ -32,9 +32,9 @@ from typing import Sequence
 
 import torch
 
-from specviz.drafters import SIBLING_MODES, Drafter
+from specviz.draft.base import SIBLING_MODES, Drafter
 from specviz.sampling import SamplingConfig
-from specviz.tree import DraftTree
+from specviz.tree.core import DraftTree
 
 __all__ = ["NgramMatch", "NgramIndex", "NgramDrafter", "NgramTrieDrafter"]
 

@@ -35,7 +35,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from specviz.shapes import TreeShape, from_paths
+from specviz.tree.shapes import TreeShape, from_paths
 
 __all__ = [
     "SequoiaResult",

@@ -33,9 +33,9 @@ import pandas as pd
 import torch
 
 from specviz.sampling import SamplingConfig, make_generator, probs_from_logits
-from specviz.shapes import TreeShape
-from specviz.tree import DraftTree, path_to
-from specviz.verify import SIBLING_SAMPLING, expected_accept_length, get_verifier
+from specviz.tree.shapes import TreeShape
+from specviz.tree.core import DraftTree, path_to
+from specviz.verify.rules import SIBLING_SAMPLING, expected_accept_length, get_verifier
 
 __all__ = [
     "TOY_WORDS",

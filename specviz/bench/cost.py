@@ -28,14 +28,14 @@ from typing import Sequence
 import pandas as pd
 import torch
 
-from specviz.decode import plain_generate, speculative_generate
-from specviz.drafters import Drafter
-from specviz.kvcache import crop_cache, forward_tokens, new_cache
-from specviz.models import LoadedModel
+from specviz.decode.engine import plain_generate, speculative_generate
+from specviz.draft.base import Drafter
+from specviz.models.kvcache import crop_cache, forward_tokens, new_cache
+from specviz.models.loading import LoadedModel
 from specviz.sampling import GREEDY, make_generator
-from specviz.sequoia import expected_tokens, sequoia_tree
-from specviz.shapes import TreeShape
-from specviz.timing import time_call
+from specviz.tree.sequoia import expected_tokens, sequoia_tree
+from specviz.tree.shapes import TreeShape
+from specviz.bench.attention import time_call
 
 __all__ = [
     "forward_cost_curve",

@@ -29,8 +29,8 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from specviz.shapes import TreeShape
-from specviz.tree import DraftTree, root_to_leaf_paths
+from specviz.tree.shapes import TreeShape
+from specviz.tree.core import DraftTree, root_to_leaf_paths
 
 __all__ = ["tree_attention", "tree_attention_reference", "per_path_attention", "causal_attention"]
 

@@ -28,7 +28,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from specviz.decode import GenerationResult, StepTrace
+from specviz.decode.engine import GenerationResult, StepTrace
 
 __all__ = ["AcceptanceStats", "per_depth_acceptance", "summarize_steps", "summarize", "to_records", "to_frame"]
 

@@ -38,18 +38,18 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
-from specviz.layout import tidy_layout
-from specviz.paths import output_path
-from specviz.shapes import TreeShape
-from specviz.tree import DraftTree, depths, tree_attention_mask
+from specviz.render.layout import tidy_layout
+from specviz.locations import output_path
+from specviz.tree.shapes import TreeShape
+from specviz.tree.core import DraftTree, depths, tree_attention_mask
 
 if TYPE_CHECKING:
     import networkx as nx
     import plotly.graph_objects as go
 
-    from specviz.decode import GenerationResult, StepTrace
-    from specviz.models import ModelPair
-    from specviz.verify import Acceptance
+    from specviz.decode.engine import GenerationResult, StepTrace
+    from specviz.models.loading import ModelPair
+    from specviz.verify.rules import Acceptance
 
 __all__ = [
     "STATUSES",
@@ -640,7 +640,7 @@ def step_view_figure(result: "GenerationResult", *, tokenizer: Any = None,
 def stats_html(result: "GenerationResult", step: int | None = None) -> str:
     """Small HTML tables of a generation's acceptance numbers (via :mod:`specviz.metrics`)
     and, when ``step`` is given, of that step alone."""
-    from specviz.metrics import summarize
+    from specviz.metrics.acceptance import summarize
 
     stats = summarize([result])[0]
     rows = [
@@ -751,10 +751,10 @@ def save_example_tree(path: str | Path = README_FIGURE, pair: "ModelPair | None"
     Returns:
         The path written.
     """
-    from specviz.decode import speculative_generate
-    from specviz.drafters import make_drafter
-    from specviz.models import load_pair
-    from specviz.shapes import expansion
+    from specviz.decode.engine import speculative_generate
+    from specviz.draft.base import make_drafter
+    from specviz.models.loading import load_pair
+    from specviz.tree.shapes import expansion
 
     pair = load_pair() if pair is None else pair
     drafter = make_drafter("tree", draft=pair.draft, shape=expansion(branching))
@@ -767,7 +767,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """``python -m specviz.render --readme-figure [--model builtin|tiny] [--out PATH]``."""
     import argparse
 
-    from specviz.models import tiny_pair
+    from specviz.models.loading import tiny_pair
 
     parser = argparse.ArgumentParser(
         prog="python -m specviz.render",

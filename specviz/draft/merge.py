@@ -22,7 +22,7 @@ from typing import Sequence
 
 import torch
 
-from specviz.tree import DraftTree
+from specviz.tree.core import DraftTree
 
 __all__ = ["MergedTree", "merge_trees", "merge_trees_with_map"]
 

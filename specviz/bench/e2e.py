@@ -91,7 +91,7 @@ from typing import Sequence
 import pandas as pd
 import torch
 
-from specviz.paths import output_path
+from specviz.locations import output_path
 
 __all__ = [
     "PEER_METHODS",
@@ -243,8 +243,8 @@ def build_drafter(spec: MethodSpec, pair):
         ValueError: ``spec`` is not a specviz strategy, or its parameters are invalid
             for the models (e.g. more self-speculative layers than the target has).
     """
-    from specviz.drafters import make_drafter
-    from specviz.shapes import chain, expansion
+    from specviz.draft.base import make_drafter
+    from specviz.tree.shapes import chain, expansion
 
     if not spec.is_strategy:
         raise ValueError(f"method {spec.name!r} is not a specviz strategy")
@@ -374,8 +374,8 @@ def run_method(spec: MethodSpec, pair, ids: list[int], *, max_new_tokens: int, t
         drafter: the strategy's drafter (from :func:`build_drafter`; built once, reused).
         verifier: the strategy's verification rule (:meth:`MethodSpec.verifier`).
     """
-    from specviz.decode import eos_token_ids, plain_generate, speculative_generate
-    from specviz.metrics import summarize_steps
+    from specviz.decode.engine import eos_token_ids, plain_generate, speculative_generate
+    from specviz.metrics.acceptance import summarize_steps
     from specviz.sampling import SamplingConfig
 
     eos = eos_token_ids(pair.target)
@@ -565,7 +565,7 @@ def _check_args(args: argparse.Namespace) -> list[MethodSpec]:
     if args.threads is not None and args.threads < 1:
         raise _UsageError(f"--threads must be >= 1, got {args.threads}")
     if args.verifier is not None:
-        from specviz.verify import VERIFIERS
+        from specviz.verify.rules import VERIFIERS
 
         if args.verifier not in VERIFIERS:
             raise _UsageError(f"unknown --verifier {args.verifier!r}; valid: {', '.join(VERIFIERS)}")
@@ -577,7 +577,7 @@ def _check_args(args: argparse.Namespace) -> list[MethodSpec]:
 
 
 def _load_models(args: argparse.Namespace):
-    from specviz.models import DEFAULT_DRAFT, DEFAULT_TARGET, load_pair, parse_dtype, tiny_pair
+    from specviz.models.loading import DEFAULT_DRAFT, DEFAULT_TARGET, load_pair, parse_dtype, tiny_pair
 
     dtype = parse_dtype(args.dtype)
     if args.models == "tiny":
@@ -664,7 +664,7 @@ def _e2e(argv: list[str]) -> int:
         print("methods:\n" + _grammar_text())
         return 0
     specs = _check_args(args)
-    from specviz.prompts import load_prompts
+    from specviz.study.prompts import load_prompts
 
     try:
         prompts = load_prompts(args.prompts, limit=args.limit)
@@ -676,7 +676,7 @@ def _e2e(argv: list[str]) -> int:
     if args.fresh and out.exists():
         out.unlink()
 
-    from specviz.models import DEFAULT_DRAFT, DEFAULT_TARGET, parse_dtype
+    from specviz.models.loading import DEFAULT_DRAFT, DEFAULT_TARGET, parse_dtype
 
     if args.models == "tiny":
         names = ("tiny-qwen2-seed0", "tiny-qwen2-seed0-draft")
@@ -716,7 +716,7 @@ def _measure(args, specs: list[MethodSpec], prompts, rounds, existing: pd.DataFr
     """Load the models, warm every method up, then run the rounds, appending each to ``out``."""
     import transformers
 
-    from specviz.decode import encode_prompt
+    from specviz.decode.engine import encode_prompt
 
     sklearn = importlib.util.find_spec("sklearn") is not None
     print("transformers " + transformers.__version__ + ("" if sklearn else
@@ -804,8 +804,8 @@ def _attention_parser() -> argparse.ArgumentParser:
 
 
 def _attention(argv: list[str]) -> int:
-    from specviz import timing
-    from specviz.shapes import expansion
+    import specviz.bench.attention as timing
+    from specviz.tree.shapes import expansion
 
     args = _attention_parser().parse_args(argv)
     try:

@@ -1,0 +1,1 @@
+"""Long exactness checks on real models (:mod:`~specviz.checks.identity`)."""

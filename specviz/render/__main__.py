@@ -1,0 +1,3 @@
+from specviz.render.figures import main
+
+raise SystemExit(main())

@@ -1,0 +1,3 @@
+from specviz.study.runner import main
+
+raise SystemExit(main())
