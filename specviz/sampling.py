@@ -5,6 +5,16 @@ Lossless speculative sampling only reproduces the target's distribution if the
 the target logits. Both sides therefore call :func:`probs_from_logits` with one
 :class:`SamplingConfig`.
 
+How a drafter proposes a node's siblings is set by the verifier's rule, since each
+lossless rule assumes one way (:data:`SIBLING_SAMPLING`):
+
+* ``"greedy"`` / ``"topk"`` - siblings are the draft's top-ranked tokens (deterministic);
+* ``"iid"`` - siblings are drawn independently from the draft distribution;
+* ``"without_replacement"`` - siblings are drawn without replacement.
+
+Under greedy decoding (temperature 0) every mode proposes the top-ranked tokens, since
+every lossless rule then reduces to greedy (:func:`siblings_sampled`).
+
 Dimension legend: V = vocabulary size; ``...`` = any leading batch/node axes.
 """
 
@@ -14,7 +24,18 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["SamplingConfig", "GREEDY", "probs_from_logits", "sample", "make_generator"]
+from specviz.validate import check_choice
+
+__all__ = [
+    "SamplingConfig",
+    "GREEDY",
+    "SIBLING_SAMPLING",
+    "check_sibling_sampling",
+    "siblings_sampled",
+    "probs_from_logits",
+    "sample",
+    "make_generator",
+]
 
 
 @dataclass(frozen=True)
@@ -45,6 +66,20 @@ class SamplingConfig:
 
 
 GREEDY = SamplingConfig()
+
+#: the ways a drafter may propose a node's siblings (see the module docstring)
+SIBLING_SAMPLING: tuple[str, ...] = ("greedy", "iid", "without_replacement", "topk")
+
+
+def check_sibling_sampling(mode: str) -> str:
+    """``mode`` if it is one of :data:`SIBLING_SAMPLING`; otherwise raise ValueError."""
+    return check_choice("sibling_sampling", mode, SIBLING_SAMPLING)
+
+
+def siblings_sampled(config: SamplingConfig, sibling_sampling: str) -> bool:
+    """Whether siblings are drawn at random: only when sampling (temperature > 0) in mode
+    "iid" or "without_replacement"; otherwise they are the draft's top-ranked tokens."""
+    return not config.greedy and sibling_sampling not in ("greedy", "topk")
 
 
 def probs_from_logits(logits: torch.Tensor, config: SamplingConfig = GREEDY) -> torch.Tensor:

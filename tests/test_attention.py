@@ -1,4 +1,4 @@
-"""Tree attention: fast path, reference and per-path baseline agree; padding never leaks."""
+"""Tree attention: fast path, reference, prefix/tree split and per-path baseline agree; padding never leaks."""
 
 import pytest
 import torch
@@ -6,6 +6,7 @@ import torch
 from specviz.attention.kernels import (
     causal_attention,
     per_path_attention,
+    split_tree_attention,
     tree_attention,
     tree_attention_reference,
 )
@@ -144,3 +145,39 @@ def test_input_errors():
         per_path_attention(q, k, v, [-1, 0], 2)
     with pytest.raises(ValueError, match="prefix_len \\+ N"):
         per_path_attention(q, k, v, [-1, 0, 0], 1)
+
+
+@pytest.mark.parametrize("hq, hkv, d", [(4, 4, 16), (6, 2, 8), (12, 2, 128)])
+def test_split_at_the_shared_prefix_equals_the_reference(hq, hkv, d):
+    g = torch.Generator().manual_seed(7 + hq)
+    for n, prefix in [(1, 3), (12, 5), (20, 40)]:
+        tree = random_tree(n, g)
+        q, k, v = qkv(2, hq, hkv, n, prefix + n, d, g)
+        mask = tree_attention_mask(tree, prefix).expand(2, n, prefix + n)  # (B, N, S)
+        additive = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
+        ref = tree_attention_reference(q, k, v, mask)
+        for shared in {0, 1, prefix}:
+            torch.testing.assert_close(split_tree_attention(q, k, v, mask, shared), ref, **TOL)
+            torch.testing.assert_close(split_tree_attention(q, k, v, additive, shared), ref, **TOL)
+        assert torch.equal(split_tree_attention(q, k, v, mask, 0), tree_attention(q, k, v, mask))
+
+
+def test_split_of_padded_batch_and_bf16():
+    g = torch.Generator().manual_seed(8)
+    trees = [random_tree(9, g) for _ in range(2)]  # no padding query (those see only themselves)
+    batch = pad_trees(trees, [6, 3])  # rows share the first 3 slots
+    b, nmax = batch.tokens.shape
+    q, k, v = qkv(b, 6, 2, nmax, 6 + nmax, 16, g)
+    ref = tree_attention_reference(q, k, v, batch.mask)
+    torch.testing.assert_close(split_tree_attention(q, k, v, batch.mask, 3, scale=0.2),
+                               tree_attention_reference(q, k, v, batch.mask, scale=0.2), **TOL)
+    torch.testing.assert_close(split_tree_attention(q, k, v, batch.mask, 3), ref, **TOL)
+    with pytest.raises(ValueError, match="blocks some query from one of the first 4 keys"):
+        split_tree_attention(q, k, v, batch.mask, 4)
+    with pytest.raises(ValueError, match="shared_keys must be an int in \\[0, 14\\], got 15"):
+        split_tree_attention(q, k, v, batch.mask, 15)
+    qb, kb, vb = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    out = split_tree_attention(qb, kb, vb, batch.mask, 3)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), tree_attention_reference(qb, kb, vb, batch.mask).float(),
+                               atol=3e-2, rtol=3e-2)

@@ -7,6 +7,7 @@ import re
 import pandas as pd
 import pytest
 
+import specviz.bench.__main__ as cli
 import specviz.bench.e2e as bench
 
 PROMPTS = (
@@ -30,7 +31,7 @@ def prompts_file(tmp_path):
 @pytest.fixture
 def use_tiny(monkeypatch, tiny_pair):
     """Serve the session's tiny pair instead of building one per call (the CLI would)."""
-    monkeypatch.setattr(bench, "_load_models", lambda args: tiny_pair)
+    monkeypatch.setattr(cli, "_load_models", lambda args: tiny_pair)
 
 
 def _argv(prompts_file, out, *extra, methods=METHODS):
@@ -63,7 +64,7 @@ def test_parse_method_grammar():
 
 def test_greedy_run_writes_rows_and_summary(prompts_file, tmp_path, capsys, use_tiny):
     out = tmp_path / "greedy.csv"
-    assert bench.main(_argv(prompts_file, out)) == 0
+    assert cli.main(_argv(prompts_file, out)) == 0
     match = SUMMARY.match(_last_line(capsys))
     assert match and match.group(1) in ("chain-k2", "ngram")
 
@@ -105,8 +106,8 @@ def test_greedy_run_writes_rows_and_summary(prompts_file, tmp_path, capsys, use_
 
 def test_resume_skips_done_rows_and_runs_new_ones(prompts_file, tmp_path, capsys, monkeypatch, tiny_pair):
     out = tmp_path / "resume.csv"
-    monkeypatch.setattr(bench, "_load_models", lambda args: tiny_pair)
-    assert bench.main(_argv(prompts_file, out, methods=("plain", "ngram"))) == 0
+    monkeypatch.setattr(cli, "_load_models", lambda args: tiny_pair)
+    assert cli.main(_argv(prompts_file, out, methods=("plain", "ngram"))) == 0
     first = bench.load_results(out)
     assert len(first) == 4
 
@@ -114,9 +115,9 @@ def test_resume_skips_done_rows_and_runs_new_ones(prompts_file, tmp_path, capsys
         raise AssertionError("nothing to run, yet the models were loaded")
 
     # the same command again: nothing to run, the same summary
-    monkeypatch.setattr(bench, "_load_models", no_models)
+    monkeypatch.setattr(cli, "_load_models", no_models)
     capsys.readouterr()
-    assert bench.main(_argv(prompts_file, out, methods=("plain", "ngram"))) == 0
+    assert cli.main(_argv(prompts_file, out, methods=("plain", "ngram"))) == 0
     printed = capsys.readouterr().out
     assert "4 already there, 0 to run" in printed
     assert printed.strip().splitlines()[-1].startswith("best specviz strategy: ngram | mean speedup ")
@@ -124,8 +125,8 @@ def test_resume_skips_done_rows_and_runs_new_ones(prompts_file, tmp_path, capsys
     pd.testing.assert_frame_equal(bench.load_results(out), first)
 
     # a new method runs alone, against the plain rows already there
-    monkeypatch.setattr(bench, "_load_models", lambda args: tiny_pair)
-    assert bench.main(_argv(prompts_file, out, methods=("plain", "ngram", "chain-k2"))) == 0
+    monkeypatch.setattr(cli, "_load_models", lambda args: tiny_pair)
+    assert cli.main(_argv(prompts_file, out, methods=("plain", "ngram", "chain-k2"))) == 0
     rows = bench.load_results(out)
     assert len(rows) == 6
     pd.testing.assert_frame_equal(rows.iloc[:4], first)
@@ -136,9 +137,9 @@ def test_resume_skips_done_rows_and_runs_new_ones(prompts_file, tmp_path, capsys
     assert new["matches_plain"].astype(str).eq("True").all()
 
     # other settings do not mix into the same file; --fresh starts over
-    assert bench.main(_argv(prompts_file, out, "--max-new-tokens", "6", methods=("plain",))) == 2
+    assert cli.main(_argv(prompts_file, out, "--max-new-tokens", "6", methods=("plain",))) == 2
     assert "max_new_tokens" in capsys.readouterr().err
-    assert bench.main(_argv(prompts_file, out, "--fresh", methods=("plain",))) == 0
+    assert cli.main(_argv(prompts_file, out, "--fresh", methods=("plain",))) == 0
     assert len(bench.load_results(out)) == 2
 
 
@@ -146,7 +147,7 @@ def test_sampling_run(prompts_file, tmp_path, capsys, use_tiny):
     out = tmp_path / "sampled.csv"
     argv = _argv(prompts_file, out, "--temperature", "0.7", "--limit", "1",
                  methods=("plain", "hf-prompt-lookup", "tree-2x1", "ngram-trie"))
-    assert bench.main(argv) == 0
+    assert cli.main(argv) == 0
     assert re.match(r"^best specviz strategy: (tree-2x1|ngram-trie) \| mean speedup \d+\.\d\dx over plain "
                     r"decoding \| hf-assisted not measured$", _last_line(capsys))
     rows = bench.load_results(out)
@@ -167,22 +168,22 @@ def test_sampling_run(prompts_file, tmp_path, capsys, use_tiny):
 ])
 def test_bad_arguments_exit_2(prompts_file, tmp_path, capsys, extra, message):
     argv = ["--models", "tiny", "--prompts", str(prompts_file), "--out", str(tmp_path / "x.csv"), *extra]
-    assert bench.main(argv) == 2
+    assert cli.main(argv) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "x.csv").exists()
 
 
 def test_bad_prompt_files_exit_2(tmp_path, capsys):
-    assert bench.main(["--models", "tiny", "--prompts", str(tmp_path / "missing.jsonl")]) == 2
+    assert cli.main(["--models", "tiny", "--prompts", str(tmp_path / "missing.jsonl")]) == 2
     assert "prompt file not found" in capsys.readouterr().err
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"question_id": 1, "category": "qa"}\n')
-    assert bench.main(["--models", "tiny", "--prompts", str(broken)]) == 2
+    assert cli.main(["--models", "tiny", "--prompts", str(broken)]) == 2
     assert "line 1: missing key(s) 'turns'" in capsys.readouterr().err
 
 
 def test_list_methods(capsys):
-    assert bench.main(["--list-methods"]) == 0
+    assert cli.main(["--list-methods"]) == 0
     text = capsys.readouterr().out
     for rule in bench.METHOD_GRAMMAR:
         assert rule.usage in text
@@ -192,12 +193,12 @@ def test_attention_subcommand(tmp_path, capsys):
     out = tmp_path / "attention.csv"
     argv = ["attention", "--budgets", "3", "--shapes", "2x1", "--batch-sizes", "1", "--prefix-lens", "8",
             "--layout", "0.5b", "--repeats", "1", "--out", str(out)]
-    assert bench.main(argv) == 0
+    assert cli.main(argv) == 0
     assert re.match(r"^tree attention: per-path attention takes \d+\.\d\dx its time and causal attention over "
                     r"the same tokens \d+\.\d\dx \(means over 2 settings, float32, \d+ threads\)$",
                     _last_line(capsys))
     table = pd.read_csv(out)
     assert list(table["shape"]) == ["sequoia-3", "tree-2x1"]
     assert (table["max_abs_diff"] < 1e-4).all()
-    assert bench.main(["attention", "--shapes", "2-1", "--out", str(out)]) == 2
+    assert cli.main(["attention", "--shapes", "2-1", "--out", str(out)]) == 2
     assert "--shapes entries look like 2x2x1" in capsys.readouterr().err

@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from specviz.checks.__main__ import main
 from specviz.checks.identity import (
     DrafterCheck,
     Mismatch,
@@ -14,10 +15,9 @@ from specviz.checks.identity import (
     format_checks,
     format_schedules,
     logit_gap,
-    main,
 )
 from specviz.decode.engine import encode_prompt
-from specviz.draft.base import ChainDrafter, DynamicTreeDrafter
+from specviz.draft.model import ChainDrafter, DynamicTreeDrafter
 from specviz.draft.ngram import NgramDrafter
 from specviz.study.store import ResultStore
 

@@ -8,15 +8,15 @@ import pytest
 import torch
 
 from specviz.decode.engine import (
-    GenerationResult,
     encode_prompt,
     eos_token_ids,
     plain_generate,
-    replay_acceptance,
     speculative_generate,
     speculative_generate_batch,
 )
-from specviz.draft.base import (
+from specviz.decode.records import GenerationResult
+from specviz.decode.replay import replay_acceptance
+from specviz.draft import (
     AdaptiveChainDrafter,
     ChainDrafter,
     Drafter,

@@ -1,31 +1,23 @@
-"""Drafters (specviz.drafters): the draft model's cache, tree filling, EAGLE-2, adaptive
-chains, self-speculation, merged trees and the factory, on the tiny random pair."""
+"""Drafters (specviz.draft): the draft model's cache, tree filling, EAGLE-2, adaptive
+chains, self-speculation and merged trees, on the tiny random pair."""
 
 import math
 
 import pytest
 import torch
 
-from specviz.decode.engine import StepTrace, encode_prompt
-from specviz.draft.base import (
-    AdaptiveChainDrafter,
-    ChainDrafter,
-    DraftModelState,
-    Drafter,
-    DynamicTreeDrafter,
-    MergedDrafter,
-    SelfSpeculativeDrafter,
-    TreeDrafter,
-    draft_all,
-    make_drafter,
-    run_draft_forwards,
-    truncated_model,
-)
-from specviz.models.kvcache import cache_length
+from specviz.decode.engine import encode_prompt
+from specviz.decode.records import StepTrace
+from specviz.draft.adaptive import AdaptiveChainDrafter
+from specviz.draft.base import DraftModelState, draft_all, run_draft_forwards
+from specviz.draft.merged import MergedDrafter
+from specviz.draft.model import ChainDrafter, DynamicTreeDrafter, TreeDrafter
 from specviz.draft.ngram import NgramDrafter
+from specviz.draft.self_spec import SelfSpeculativeDrafter, truncated_model
+from specviz.models.kvcache import cache_length
 from specviz.sampling import GREEDY, SamplingConfig, make_generator
-from specviz.tree.shapes import TreeShape, chain, expansion, from_paths, kary
 from specviz.tree.core import DraftTree, depths, path_to
+from specviz.tree.shapes import TreeShape, chain, expansion, from_paths, kary
 from specviz.verify.rules import Acceptance
 
 SAMPLED = SamplingConfig(temperature=1.0)
@@ -319,25 +311,3 @@ def test_spawn_gives_independent_state(tiny_pair, context):
     merged = MergedDrafter([drafter, NgramDrafter()])
     twin = merged.spawn()
     assert twin.drafters[0] is not drafter and twin.drafters[0].state is not drafter.state
-
-
-def test_make_drafter_builds_every_strategy(tiny_pair):
-    d, t = tiny_pair.draft, tiny_pair.target
-    built = [
-        make_drafter("chain", draft=d, k=3),
-        make_drafter("tree", draft=d, shape=kary(2, 2)),
-        make_drafter("dynamic", draft=d, topk=2, depth=3, budget=5),
-        make_drafter("adaptive", draft=d, schedule="heuristic"),
-        make_drafter("self", target=t, n_layers=1),
-        make_drafter("ngram", n=2, k=3),
-        make_drafter("ngram_trie", n=2),
-        make_drafter("merged", drafters=[make_drafter("chain", draft=d, k=2), make_drafter("ngram")]),
-    ]
-    assert all(isinstance(x, Drafter) for x in built)
-    assert len({x.name for x in built}) == len(built)
-    with pytest.raises(ValueError, match="unknown draft strategy 'medusa'"):
-        make_drafter("medusa", draft=d)
-    with pytest.raises(ValueError, match="needs a draft model"):
-        make_drafter("chain", k=3)
-    with pytest.raises(ValueError, match="needs the target"):
-        make_drafter("self", n_layers=1)

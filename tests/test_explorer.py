@@ -7,17 +7,17 @@ from dataclasses import replace
 import pytest
 import torch
 
-from specviz.draft.base import ChainDrafter, DynamicTreeDrafter, TreeDrafter
+from specviz.draft.model import ChainDrafter, DynamicTreeDrafter, TreeDrafter
+from specviz.draft.ngram import NgramTrieDrafter
 from specviz.render.explorer import (
     STRATEGIES,
     Explorer,
     ExplorerSettings,
-    budgeted_kary,
     build_drafter,
     run_settings,
+    strategy_spec,
     verifier_for,
 )
-from specviz.draft.ngram import NgramTrieDrafter
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 
@@ -54,19 +54,15 @@ def test_canonical_settings_share_cache_entries():
     assert dynamic.canonical() != replace(dynamic, budget=6).canonical()
 
 
-def test_budgeted_kary():
-    shape = budgeted_kary(2, 3, 5)
-    assert shape.parents == (-1, 0, 0, 1, 1, 2)
-    assert shape.ranks == (0, 0, 1, 0, 1, 0)
-    assert budgeted_kary(3, 2, 100).budget == 12
-    assert budgeted_kary(1, 4, 100).parents == (-1, 0, 1, 2, 3)
-
-
 def test_build_drafter_and_verifier(tiny_pair):
     kinds = {"chain": ChainDrafter, "static shape": TreeDrafter, "dynamic": DynamicTreeDrafter,
              "n-gram": NgramTrieDrafter}
     for strategy in STRATEGIES:
         assert isinstance(build_drafter(_settings(strategy=strategy), tiny_pair), kinds[strategy])
+    names = {strategy: strategy_spec(_settings(strategy=strategy, width=3, depth=2, budget=5)).name
+             for strategy in STRATEGIES}
+    assert names == {"chain": "chain-k2", "static shape": "tree-k3-d2-n5", "dynamic": "dynamic-k3-d2-n5",
+                     "n-gram": "ngram-trie-n3-d2-b5-m3"}
     assert verifier_for(_settings()) == "greedy"
     assert verifier_for(_settings(strategy="chain", temperature=0.7)) == "chain"
     assert verifier_for(_settings(strategy="dynamic", temperature=0.7)) == "topk"

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from specviz.draft.merge import merge_trees, merge_trees_with_map
 from specviz.tree.core import DraftTree, path_to
+from specviz.tree.trie import merge_trees, merge_trees_with_map
 
 
 def _tree(tokens, parents, q=None) -> DraftTree:

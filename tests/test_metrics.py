@@ -5,8 +5,9 @@ import math
 import pytest
 import torch
 
-from specviz.decode.engine import GenerationResult, StepTrace, speculative_generate
-from specviz.draft.base import ChainDrafter
+from specviz.decode.engine import speculative_generate
+from specviz.decode.records import GenerationResult, StepTrace
+from specviz.draft.model import ChainDrafter
 from specviz.metrics.acceptance import AcceptanceStats, per_depth_acceptance, summarize, summarize_steps, to_frame, to_records
 from specviz.sampling import GREEDY
 from specviz.tree.core import DraftTree
@@ -77,7 +78,7 @@ def test_summarize_groups_by_drafter_and_verifier():
     stats = summarize([a, b, c, d])
     assert [(s.strategy, s.verifier) for s in stats] == [("chain", "greedy"), ("tree", "greedy"), ("tree", "topk")]
     chain = stats[0]
-    assert chain.n_sequences == 2 and chain.new_tokens == 4 and chain.wall_time_s == 3.0
+    assert chain.n_sequences == 2 and chain.new_tokens == 4 and chain.wall_s == 3.0
     assert chain.tokens_per_second == pytest.approx(4 / 3)
     with pytest.raises(TypeError, match="GenerationResult"):
         summarize([a.steps[0]])

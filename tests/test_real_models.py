@@ -8,8 +8,9 @@ one batch per step. The full check (10 prompts x 128 tokens, plus the bf16 match
 
 import pytest
 
-from specviz.decode.engine import eos_token_ids, plain_generate, replay_acceptance, speculative_generate_batch
-from specviz.draft.base import (
+from specviz.decode.engine import eos_token_ids, plain_generate, speculative_generate_batch
+from specviz.decode.replay import replay_acceptance
+from specviz.draft import (
     AdaptiveChainDrafter,
     ChainDrafter,
     DynamicTreeDrafter,

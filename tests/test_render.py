@@ -10,14 +10,13 @@ import pytest
 import torch
 
 from specviz.models.loading import tiny_tokenizer
-from specviz.render.figures import (
+from specviz.render import (
     STATUSES,
     committed_tokens,
     escape_token,
     mask_figure,
     representative_step,
     save_html,
-    main,
     save_png,
     step_tree_figure,
     step_view_figure,
@@ -25,6 +24,7 @@ from specviz.render.figures import (
     tree_figure,
     tree_nodes,
 )
+from specviz.render.__main__ import main
 from specviz.sampling import SamplingConfig, make_generator
 from specviz.tree.shapes import expansion
 from specviz.tree.core import DraftTree
@@ -205,13 +205,13 @@ def test_save_png(tmp_path):
 @pytest.fixture(scope="module")
 def generation(tiny_pair):
     from specviz.decode.engine import speculative_generate
-    from specviz.draft.base import make_drafter
+    from specviz.draft.model import TreeDrafter
     from specviz.tree.shapes import kary
 
     before = torch.get_num_threads()
     torch.set_num_threads(1)  # module-scoped: runs before the per-test fixture
     try:
-        drafter = make_drafter("tree", draft=tiny_pair.draft, shape=kary(2, 2))
+        drafter = TreeDrafter(tiny_pair.draft, kary(2, 2))
         return speculative_generate(tiny_pair.target, drafter, "def add(a, b):", max_new_tokens=10)
     finally:
         torch.set_num_threads(before)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
+import pandas as pd
 import pytest
 
-from specviz.draft.base import ChainDrafter
+from specviz.draft.model import ChainDrafter
 from specviz.tree.sequoia import expected_tokens
 from specviz.tree.shapes import chain, expansion
-from specviz.bench.cost import (CostModel, StepCost, forward_cost_curve, predicted_speedup, sequoia_plan, timed_run,
-                           tree_step_cost)
+from specviz.bench.cost import (CostModel, compare_runs, forward_cost_curve, predicted_speedup, run_counts,
+                                sequoia_plan, speed_summary, timed_run, tree_step_cost)
 
 COSTS = CostModel(((1, 500.0), (8, 1400.0), (64, 4700.0)), ((1, 180.0), (8, 490.0), (64, 1500.0)))
 
@@ -43,7 +46,8 @@ def test_step_cost_follows_the_tree_drafter():
     c = tree_step_cost(expansion([2, 2, 1]), COSTS)
     assert c.draft_forwards == 3
     assert c.draft_s == pytest.approx(COSTS.draft_s(1) + COSTS.draft_s(2) + COSTS.draft_s(4))
-    assert predicted_speedup(3.0, StepCost(0.5, 1.0, 2), COSTS) == pytest.approx(3.0 * 0.5 / 1.5)
+    assert predicted_speedup(3.0, 1.5, COSTS) == pytest.approx(3.0 * 0.5 / 1.5)
+    assert math.isnan(predicted_speedup(3.0, 0.0, COSTS))
 
 
 def test_sequoia_plan_ranks_by_time_per_token():
@@ -65,3 +69,47 @@ def test_timed_runs(tiny_pair):
     assert spec.output_ids == plain.output_ids  # greedy speculative decoding is lossless (fp32)
     assert spec.drafted >= spec.accepted and spec.steps <= plain.steps
     assert spec.tau == pytest.approx(spec.new_tokens / spec.steps)
+
+
+def _runs() -> pd.DataFrame:
+    row = dict(draft_s=0.0, verify_s=0.0, mean_nodes=1.0)
+    return pd.DataFrame([
+        dict(method="plain", question_id=1, new_tokens=8, wall_s=4.0, steps=8, drafted=0, accepted=0,
+             output_ids=[1, 2, 3], **row),
+        dict(method="chain", question_id=1, new_tokens=8, wall_s=2.0, steps=2, drafted=8, accepted=6,
+             output_ids=[1, 2, 3], draft_s=0.4, verify_s=1.2, mean_nodes=5.0),
+        dict(method="plain", question_id=2, new_tokens=6, wall_s=2.0, steps=6, drafted=0, accepted=0,
+             output_ids=[4, 5], **row),
+        dict(method="chain", question_id=2, new_tokens=6, wall_s=3.0, steps=3, drafted=12, accepted=3,
+             output_ids=[4, 6], draft_s=0.6, verify_s=1.8, mean_nodes=5.0),
+    ])
+
+
+def test_compare_runs_adds_matches_and_speedups():
+    runs = compare_runs(_runs())
+    assert list(runs.columns)[-3:] == ["matches_plain", "tokens_per_s", "speedup"]
+    assert runs["matches_plain"].tolist() == [True, True, True, False]
+    assert runs["tokens_per_s"].tolist() == [2.0, 4.0, 3.0, 2.0]
+    assert runs["speedup"].tolist() == [1.0, 2.0, 1.0, pytest.approx(2 / 3)]
+    with pytest.raises(ValueError, match="question ids \\[2\\]"):
+        compare_runs(_runs().iloc[:2].assign(question_id=[1, 2]))
+    with pytest.raises(ValueError, match="wall_s"):
+        compare_runs(_runs().drop(columns="wall_s"))
+
+
+def test_run_counts_per_method():
+    counts = run_counts(compare_runs(_runs()))
+    assert list(counts.columns) == ["method", "prompts", "new_tokens", "steps", "tau", "drafted", "accepted",
+                                    "acceptance_rate", "matches_plain"]
+    plain, chain_ = counts.to_dict("records")
+    assert plain["method"] == "plain" and plain["tau"] == 1.0 and math.isnan(plain["acceptance_rate"])
+    assert chain_["tau"] == 14 / 5 and chain_["acceptance_rate"] == 9 / 20 and chain_["matches_plain"] == 0.5
+
+
+def test_speed_summary_prices_the_measured_steps():
+    speed = speed_summary(compare_runs(_runs()), COSTS)
+    plain, chain_ = speed.to_dict("records")
+    assert plain["predicted"] == 1.0 and plain["verify_curve_ms"] == pytest.approx(500.0)
+    assert chain_["draft_ms"] == pytest.approx(200.0) and chain_["verify_ms"] == pytest.approx(600.0)
+    assert chain_["speedup"] == pytest.approx((2.0 + 2 / 3) / 2)
+    assert chain_["predicted"] == pytest.approx(predicted_speedup(14 / 5, 0.2 + COSTS.target_s(5), COSTS))

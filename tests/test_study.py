@@ -13,18 +13,10 @@ import pytest
 
 import specviz.study.runner as study
 from specviz.locations import NOTEBOOKS_DIR
-from specviz.study.runner import (
-    PRESETS,
-    NotebookRun,
-    Preset,
-    StudyConfigError,
-    clean_notebook,
-    declared_parameters,
-    get_preset,
-    main,
-    notebook_parameters,
-    run_study,
-)
+from specviz.study.__main__ import main
+from specviz.study.notebooks import clean_notebook, export_html
+from specviz.study.presets import PRESETS, NotebookRun, Preset, StudyConfigError, get_preset
+from specviz.study.runner import declared_parameters, notebook_parameters, run_study
 
 ALL_NOTEBOOKS = sorted(p.name for p in NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
 STUDY_NOTEBOOKS = sorted({run.notebook for preset in PRESETS.values() for run in preset.runs})
@@ -324,8 +316,8 @@ def test_missing_notebook_is_a_config_error(tmp_path):
 def test_report_export_hides_code(smoke_run, tmp_path):
     result, _ = smoke_run
     executed = result.outcomes[0].executed
-    shown = study.export_html(executed, tmp_path / "with_code.html").read_text()
-    hidden = study.export_html(executed, tmp_path / "report.html", hide_code=True).read_text()
+    shown = export_html(executed, tmp_path / "with_code.html").read_text()
+    hidden = export_html(executed, tmp_path / "report.html", hide_code=True).read_text()
     assert "setup_notebook" in shown and "setup_notebook" not in hidden
 
 

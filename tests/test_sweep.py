@@ -8,30 +8,20 @@ import pandas as pd
 import pytest
 import torch
 
-from specviz.decode.engine import plain_generate, replay_acceptance, speculative_generate
-from specviz.draft.base import DynamicTreeDrafter, TreeDrafter
-from specviz.metrics.acceptance import summarize_steps
+from specviz.decode.engine import plain_generate, speculative_generate
+from specviz.decode.ranks import draft_ranks, positional_acceptance
+from specviz.decode.records import records_from_result
+from specviz.decode.scoring import TreeScorer, score_rules, score_rules_along
+from specviz.draft.model import DynamicTreeDrafter, TreeDrafter
+from specviz.metrics.acceptance import acceptance_summary, per_depth_table, records_table, summarize_steps
 from specviz.draft.ngram import NgramDrafter
 from specviz.study.store import ResultStore
 from specviz.sampling import SamplingConfig, make_generator
 from specviz.tree.shapes import chain, expansion, from_paths, kary
-from specviz.decode.replay import (
-    SHAPE_FAMILIES,
-    TreeScorer,
-    acceptance_summary,
-    budget_shapes,
-    draft_ranks,
-    first_nodes,
-    greedy_reference,
-    per_depth_table,
-    positional_acceptance,
-    records_from_result,
-    records_table,
-    replay_dynamic,
-    replay_shape,
-    score_rules,
-)
+from specviz.decode.replay import greedy_reference, replay_acceptance, replay_dynamic, replay_shape
+from specviz.tree.budgets import SHAPE_FAMILIES, budget_shapes, first_nodes
 from specviz.tree.core import DraftTree
+from specviz.verify.rules import VERIFIERS, get_verifier
 
 PROMPTS = ("def fizzbuzz(n):", "What is 17 * 23? Think step by step.")
 SHAPES = {
@@ -175,3 +165,37 @@ def test_score_rules_matches_the_live_expectation(tiny_pair):
     assert score.drafted == step.tree.budget
     rows = pd.DataFrame([vars(score)])
     assert list(rows.columns) == ["rule", "drafted", "expected", "realised"]
+
+
+def test_score_rules_along_scores_every_rule_on_its_tree(tiny_pair):
+    ref = greedy_reference(tiny_pair.target, PROMPTS[0], 10)
+    scores = score_rules_along(tiny_pair, ref, shape=expansion([2, 1]), chain_length=3, temperatures=[0.0, 1.0],
+                               stride=4, generator=make_generator(5))
+    again = score_rules_along(tiny_pair, ref, shape=expansion([2, 1]), chain_length=3, temperatures=[0.0, 1.0],
+                              stride=4, generator=make_generator(5))
+    assert scores == again  # every draw comes from the one generator, in a fixed order
+    assert sorted({s.position for s in scores}) == [0, 4, 8]
+    assert [s.rule for s in scores if s.temperature == 0.0][:len(VERIFIERS)] == list(VERIFIERS)
+    assert "greedy" not in {s.rule for s in scores if s.temperature == 1.0}
+    assert len(scores) == 3 * (2 * len(VERIFIERS) - 1)
+    assert {s.drafted for s in scores if s.rule == "chain"} == {3}
+    assert {s.drafted for s in scores if s.rule != "chain"} == {4}
+    for s in scores:
+        assert s.lossless == get_verifier(s.rule).lossless
+        assert 0 <= s.realised <= s.drafted and 0.0 <= s.expected <= s.drafted
+    # at temperature 0 every tree rule sees the same greedy tree, so lossless rules agree with greedy
+    for position in (0, 4, 8):
+        greedy = {s.rule: s.expected for s in scores if s.temperature == 0.0 and s.position == position}
+        for rule in ("specinfer", "sequoia", "topk"):
+            assert greedy[rule] == pytest.approx(greedy["greedy"], abs=1e-6)
+    # the first context's top-k tree verified by hand gives the same exact expectation
+    context = list(ref.prompt_ids)
+    tree = TreeDrafter(tiny_pair.draft, expansion([2, 1])).draft(torch.tensor(context), SamplingConfig(), "topk",
+                                                                 make_generator(0))
+    (logits,) = TreeScorer(tiny_pair.target).logits(context, [tree])
+    (hand,) = score_rules(tree, logits, SamplingConfig(temperature=1.0), ["topk"], make_generator(0))
+    (first,) = [s for s in scores if s.position == 0 and s.temperature == 1.0 and s.rule == "topk"]
+    assert first.expected == pytest.approx(hand.expected, abs=1e-6)
+    with pytest.raises(ValueError, match="stride"):
+        score_rules_along(tiny_pair, ref, shape=chain(2), chain_length=2, temperatures=[0.0], stride=0,
+                          generator=make_generator(0))

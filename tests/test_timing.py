@@ -1,4 +1,4 @@
-"""Tests for specviz.timing: score counts by hand, and a tiny timing grid."""
+"""Tests for specviz.bench.attention: score counts by hand, and tiny timing grids."""
 
 from __future__ import annotations
 
@@ -8,12 +8,14 @@ import torch
 from specviz.tree.shapes import chain, expansion
 from specviz.bench.attention import (
     TIMING_COLUMNS,
+    VERIFY_TIMING_COLUMNS,
     AttentionDims,
     attention_work,
     default_timing_shapes,
     per_path_score_counts,
     time_call,
     time_tree_attention,
+    time_verify_attention,
 )
 from specviz.tree.core import DraftTree
 
@@ -98,3 +100,18 @@ def test_time_tree_attention_rejects_bad_inputs():
         AttentionDims(3, 2, 8)
     with pytest.raises(ValueError, match="dtype"):
         time_tree_attention([chain(2)], dtype="int8")
+
+
+def test_time_verify_attention_small_grid():
+    rows = []
+    table = time_verify_attention({"tree": expansion([2, 2])}, batch_sizes=[1, 2], prefix_lens=[3, 9],
+                                  dims=AttentionDims(6, 2, 8), warmup=0, repeats=1, min_time_s=0.0,
+                                  on_row=rows.append)
+    assert list(table.columns) == list(VERIFY_TIMING_COLUMNS)
+    assert len(table) == len(rows) == 4
+    assert table["specviz_bitwise"].all()
+    assert (table["split_max_abs_diff"] < 1e-5).all()
+    assert (table[["sdpa_ms", "specviz_ms", "split_ms"]] > 0).all().all()
+    assert table["split_vs_specviz"].tolist() == pytest.approx((table["split_ms"] / table["specviz_ms"]).tolist())
+    with pytest.raises(ValueError, match="every entry of prefix_lens must be an int >= 1, got 0"):
+        time_verify_attention([chain(2)], prefix_lens=[0])

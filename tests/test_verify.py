@@ -21,10 +21,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from specviz.sampling import GREEDY, SamplingConfig, make_generator, probs_from_logits
+from specviz.sampling import GREEDY, SIBLING_SAMPLING, SamplingConfig, make_generator, probs_from_logits
 from specviz.tree.core import DraftTree, children_lists
 from specviz.verify.rules import (
-    SIBLING_SAMPLING,
     VERIFIERS,
     Acceptance,
     ChainVerifier,

@@ -9,6 +9,8 @@ build that mask from the parent array (SPECDEC.md section 4).
 * :func:`tree_attention` - one ``scaled_dot_product_attention`` call with the tree mask;
 * :func:`tree_attention_reference` - the same maths written out (masked softmax in
   at least fp32), what the tests hold the fast path to;
+* :func:`split_tree_attention` - the keys every query sees (the shared prefix) without a
+  mask, the rest with the mask, the two partial softmaxes merged by log-sum-exp;
 * :func:`per_path_attention` - the naive alternative: one causal attention per
   root-to-leaf path, recomputing shared prefixes;
 * :func:`causal_attention` - ordinary causal attention over N new tokens, the cost of
@@ -18,7 +20,7 @@ Masks are boolean (True = may attend) or additive float (0 = attend, -inf = bloc
 
 Dimension legend: B = batch, Hq = query heads, Hkv = key/value heads (Hq % Hkv == 0,
 grouped-query attention), N = tree nodes (queries), P = committed prefix length,
-S = P + N keys, D = head dimension.
+S = P + N keys, D = head dimension, P0 = keys every query may see (the shared prefix).
 """
 
 from __future__ import annotations
@@ -31,8 +33,15 @@ import torch.nn.functional as F
 
 from specviz.tree.shapes import TreeShape
 from specviz.tree.core import DraftTree, root_to_leaf_paths
+from specviz.validate import check_int
 
-__all__ = ["tree_attention", "tree_attention_reference", "per_path_attention", "causal_attention"]
+__all__ = [
+    "tree_attention",
+    "tree_attention_reference",
+    "split_tree_attention",
+    "per_path_attention",
+    "causal_attention",
+]
 
 
 def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -118,6 +127,55 @@ def tree_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         scores = scores + mask.to(work)
     weights = torch.softmax(scores, dim=-1)  # (B, Hq, N, S)
     return (weights @ vf).to(q.dtype)  # (B, Hq, N, D)
+
+
+def split_tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                         shared_keys: int, *, scale: float | None = None) -> torch.Tensor:
+    """Tree attention split at the keys every query sees: :func:`tree_attention`'s result
+    from two attention calls merged by log-sum-exp.
+
+    Keys ``[0, shared_keys)`` (the committed prefix when every batch row has the same
+    one) are attended without a mask, keys ``[shared_keys, S)`` with ``mask[..., shared_keys:]``;
+    each call returns its softmax's log-normaliser, which weighs the two partial outputs.
+    Grouped-query attention reads each K/V head once for its whole query group (no copy).
+
+    Args:
+        q, k, v, mask, scale: as in :func:`tree_attention`.
+        shared_keys: P0, ``0 <= P0 < S``; the mask must allow every query all of these keys.
+            0 is :func:`tree_attention` itself.
+
+    Returns:
+        ``(B, Hq, N, D)`` in ``q``'s dtype; the merge is computed in fp32.
+
+    Raises:
+        ValueError: ``shared_keys`` out of range, or the mask blocks one of the shared keys.
+        NotImplementedError: tensors off the CPU (the log-normaliser comes from PyTorch's CPU
+            flash-attention kernel).
+    """
+    _check_qkv(q, k, v)
+    mask = _check_mask(mask, q, k)
+    s = k.shape[2]
+    check_int("shared_keys", shared_keys, 0, s - 1)
+    head = mask[..., :shared_keys]  # (B or 1, 1, N, P0)
+    if not bool(head.all() if head.dtype == torch.bool else (head == 0).all()):
+        raise ValueError(f"the mask blocks some query from one of the first {shared_keys} keys, "
+                         "so they cannot be attended without it")
+    if shared_keys == 0:
+        return tree_attention(q, k, v, mask, scale=scale)
+    if q.device.type != "cpu":
+        raise NotImplementedError(f"split_tree_attention runs on the CPU only, got tensors on {q.device}")
+    tail = mask[..., shared_keys:]  # (B or 1, 1, N, S - P0)
+    if tail.dtype == torch.bool:  # the CPU kernel takes only an additive mask in q's dtype
+        tail = torch.zeros(tail.shape, dtype=q.dtype, device=q.device).masked_fill_(~tail, float("-inf"))
+    # The CPU flash kernel reads grouped K/V heads in place and returns the log-sum-exp of
+    # each query's scores in fp32; F.scaled_dot_product_attention does not expose it.
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    out_p, lse_p = flash(q, k[:, :, :shared_keys], v[:, :, :shared_keys], scale=scale)  # (B, Hq, N, D), (B, Hq, N)
+    out_t, lse_t = flash(q, k[:, :, shared_keys:], v[:, :, shared_keys:], attn_mask=tail.to(q.dtype),
+                         scale=scale)
+    lse = torch.logaddexp(lse_p, lse_t)  # (B, Hq, N)
+    out = out_p.float() * torch.exp(lse_p - lse)[..., None] + out_t.float() * torch.exp(lse_t - lse)[..., None]
+    return out.to(q.dtype)  # (B, Hq, N, D)
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,

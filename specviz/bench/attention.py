@@ -17,6 +17,11 @@ method computes, the arithmetic behind the timings: SDPA with a mask computes ev
 one of the ``N x (P + N)`` scores and throws the masked ones away, per-path attention
 computes ``L x (P + L)`` for every path of L nodes, so the prefix is paid once per leaf.
 
+:func:`time_verify_attention` times the attention call of one model layer during
+verification the three ways :func:`specviz.models.forward_tokens` can run it
+(:data:`specviz.attention.ATTENTION_CHOICES`): transformers' ``sdpa`` with the 4D mask,
+specviz's masked tree attention, and the prefix/tree split.
+
 Dimension legend: B = batch, Hq = query heads, Hkv = key/value heads, D = head dimension,
 N = tree nodes including the root (the queries), P = committed prefix length,
 S = P + N keys, L = nodes on one root-to-leaf path.
@@ -27,17 +32,22 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Callable, Mapping, Sequence
 
 import pandas as pd
 import torch
 
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from specviz.attention.hf import specviz_attention_forward
 from specviz.attention.kernels import causal_attention, per_path_attention, tree_attention
 from specviz.models.loading import parse_dtype
 from specviz.sampling import make_generator
 from specviz.tree.sequoia import sequoia_tree
 from specviz.tree.shapes import TreeShape
 from specviz.tree.core import DraftTree, leaves, root_to_leaf_paths, tree_attention_mask
+from specviz.validate import check_int, check_ints
 
 __all__ = [
     "AttentionDims",
@@ -52,6 +62,8 @@ __all__ = [
     "time_call",
     "time_tree_attention",
     "TIMING_COLUMNS",
+    "time_verify_attention",
+    "VERIFY_TIMING_COLUMNS",
 ]
 
 
@@ -71,9 +83,7 @@ class AttentionDims:
 
     def __post_init__(self) -> None:
         for name in ("n_q_heads", "n_kv_heads", "head_dim"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+            check_int(name, getattr(self, name))
         if self.n_q_heads % self.n_kv_heads:
             raise ValueError(
                 f"n_q_heads ({self.n_q_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})"
@@ -104,15 +114,7 @@ def default_timing_shapes(budgets: Sequence[int] = (8, 16, 32, 64), *,
     Returns:
         ``{"sequoia-<budget>": shape}`` in the order of ``budgets``.
     """
-    budgets = list(budgets)
-    if not budgets:
-        raise ValueError("budgets must not be empty")
-    out: dict[str, TreeShape] = {}
-    for n in budgets:
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"every budget must be an int >= 1, got {n!r}")
-        out[f"sequoia-{n}"] = sequoia_tree(acceptance, n, max_depth).shape
-    return out
+    return {f"sequoia-{n}": sequoia_tree(acceptance, n, max_depth).shape for n in check_ints("budgets", budgets)}
 
 
 @dataclass(frozen=True)
@@ -153,14 +155,9 @@ def _parents(shape: TreeShape | DraftTree | Sequence[int] | torch.Tensor) -> lis
     return [int(p) for p in shape]
 
 
-def _check_prefix(prefix_len: int) -> None:
-    if isinstance(prefix_len, bool) or not isinstance(prefix_len, int) or prefix_len < 0:
-        raise ValueError(f"prefix_len must be an int >= 0, got {prefix_len!r}")
-
-
 def attention_work(shape: TreeShape | DraftTree | Sequence[int] | torch.Tensor, prefix_len: int) -> AttentionWork:
     """Count the scores each method computes for ``shape`` after ``prefix_len`` tokens."""
-    _check_prefix(prefix_len)
+    check_int("prefix_len", prefix_len, 0)
     parents = _parents(shape)
     paths = root_to_leaf_paths(parents)
     n = len(parents)
@@ -183,7 +180,7 @@ def per_path_score_counts(shape: TreeShape | DraftTree | Sequence[int] | torch.T
         ``(N, P + N)`` long: 0 where the tree mask blocks the pair, otherwise the
         number of root-to-leaf paths through the query node.
     """
-    _check_prefix(prefix_len)
+    check_int("prefix_len", prefix_len, 0)
     parents = _parents(shape)
     n = len(parents)
     counts = torch.zeros(n, prefix_len + n, dtype=torch.long)  # (N, P + N)
@@ -220,10 +217,8 @@ def time_call(fn: Callable[[], object], *, warmup: int = 2, repeats: int = 5,
     Raises:
         ValueError: on ``warmup < 0``, ``repeats < 1`` or a negative ``min_time_s``.
     """
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+    check_int("warmup", warmup, 0)
+    check_int("repeats", repeats)
     if not min_time_s >= 0:
         raise ValueError(f"min_time_s must be >= 0 seconds, got {min_time_s}")
     for _ in range(warmup):
@@ -269,16 +264,6 @@ def _named_shapes(shapes: Mapping[str, TreeShape] | Sequence[TreeShape]) -> list
     return items
 
 
-def _positive_ints(name: str, values: Sequence[int], minimum: int) -> list[int]:
-    values = list(values)
-    if not values:
-        raise ValueError(f"{name} must not be empty")
-    for v in values:
-        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-            raise ValueError(f"every entry of {name} must be an int >= {minimum}, got {v!r}")
-    return values
-
-
 def time_tree_attention(
     shapes: Mapping[str, TreeShape] | Sequence[TreeShape],
     *,
@@ -317,8 +302,8 @@ def time_tree_attention(
         (:func:`attention_work`); ``max_abs_diff`` compares tree with per-path output.
     """
     items = _named_shapes(shapes)
-    batch_sizes = _positive_ints("batch_sizes", batch_sizes, 1)
-    prefix_lens = _positive_ints("prefix_lens", prefix_lens, 0)
+    batch_sizes = check_ints("batch_sizes", batch_sizes, 1)
+    prefix_lens = check_ints("prefix_lens", prefix_lens, 0)
     if not isinstance(dims, AttentionDims):
         raise TypeError(f"dims must be an AttentionDims, got {type(dims).__name__}")
     dt = parse_dtype(dtype)
@@ -364,3 +349,93 @@ def time_tree_attention(
                     if on_row is not None:
                         on_row(row)
     return pd.DataFrame(rows, columns=list(TIMING_COLUMNS))
+
+
+#: Columns of :func:`time_verify_attention`'s table, in order.
+VERIFY_TIMING_COLUMNS: tuple[str, ...] = (
+    "shape", "budget", "n_nodes", "batch_size", "prefix_len", "n_keys", "n_q_heads", "n_kv_heads", "head_dim",
+    "dtype", "threads", "repeats",
+    "sdpa_ms", "specviz_ms", "split_ms", "sdpa_min_ms", "specviz_min_ms", "split_min_ms",
+    "specviz_vs_sdpa", "split_vs_specviz", "specviz_bitwise", "split_max_abs_diff",
+)
+
+
+def time_verify_attention(
+    shapes: Mapping[str, TreeShape] | Sequence[TreeShape],
+    *,
+    batch_sizes: Sequence[int] = (1,),
+    prefix_lens: Sequence[int] = (128,),
+    dims: AttentionDims = QWEN25_1_5B,
+    dtype: torch.dtype | str = torch.float32,
+    warmup: int = 2,
+    repeats: int = 5,
+    min_time_s: float = 0.002,
+    seed: int = 0,
+    on_row: Callable[[dict], None] | None = None,
+) -> pd.DataFrame:
+    """Time one layer's attention call of a verification forward, as a transformers model
+    makes it, with each of :data:`specviz.attention.ATTENTION_CHOICES`.
+
+    Every batch row holds the same prefix of P slots followed by its copy of the tree;
+    the mask is the additive ``(B, 1, N, P + N)`` mask :func:`specviz.models.forward_tokens`
+    passes. ``sdpa`` is transformers' ``sdpa_attention_forward`` (which copies K/V per
+    query head when a mask is given), ``specviz`` and ``split`` are
+    :func:`specviz.attention.specviz_attention_forward` without and with the P shared keys.
+
+    Args:
+        as in :func:`time_tree_attention`.
+
+    Returns:
+        One row per (shape, batch size, prefix length), columns :data:`VERIFY_TIMING_COLUMNS`:
+        ``*_ms`` median and ``*_min_ms`` fastest-repeat milliseconds per call;
+        ``specviz_vs_sdpa`` = specviz_ms / sdpa_ms and ``split_vs_specviz`` = split_ms /
+        specviz_ms (below 1 = faster); ``specviz_bitwise`` whether the specviz output equals
+        sdpa's bit for bit; ``split_max_abs_diff`` the split's largest deviation from sdpa.
+    """
+    items = _named_shapes(shapes)
+    batch_sizes = check_ints("batch_sizes", batch_sizes, 1)
+    prefix_lens = check_ints("prefix_lens", prefix_lens, 1)
+    if not isinstance(dims, AttentionDims):
+        raise TypeError(f"dims must be an AttentionDims, got {type(dims).__name__}")
+    dt = parse_dtype(dtype)
+    gen = make_generator(seed)
+    hq, hkv, d = dims.n_q_heads, dims.n_kv_heads, dims.head_dim
+    layer = SimpleNamespace(num_key_value_groups=hq // hkv, is_causal=True)  # what sdpa reads of the module
+    scale = d ** -0.5
+    rows = []
+    with torch.inference_mode():
+        for name, shape in items:
+            n = shape.n_nodes
+            for b in batch_sizes:
+                for p in prefix_lens:
+                    s = p + n
+                    q = torch.randn(b, hq, n, d, generator=gen).to(dt)  # (B, Hq, N, D)
+                    k = torch.randn(b, hkv, s, d, generator=gen).to(dt)  # (B, Hkv, S, D)
+                    v = torch.randn(b, hkv, s, d, generator=gen).to(dt)  # (B, Hkv, S, D)
+                    allowed = tree_attention_mask(shape.parents, p).expand(b, 1, n, s)  # (B, 1, N, S)
+                    mask = torch.zeros(allowed.shape, dtype=dt).masked_fill_(~allowed, torch.finfo(dt).min)
+                    calls = {
+                        "sdpa": lambda: sdpa_attention_forward(layer, q, k, v, mask, scaling=scale),
+                        "specviz": lambda: specviz_attention_forward(layer, q, k, v, mask, scaling=scale),
+                        "split": lambda: specviz_attention_forward(layer, q, k, v, mask, scaling=scale,
+                                                                   specviz_shared_keys=p),
+                    }
+                    outs = {key: fn()[0] for key, fn in calls.items()}  # (B, N, Hq, D) each
+                    t = {key: time_call(fn, warmup=warmup, repeats=repeats, min_time_s=min_time_s)
+                         for key, fn in calls.items()}
+                    row = {
+                        "shape": name, "budget": shape.budget, "n_nodes": n, "batch_size": b, "prefix_len": p,
+                        "n_keys": s, "n_q_heads": hq, "n_kv_heads": hkv, "head_dim": d,
+                        "dtype": str(dt).removeprefix("torch."), "threads": torch.get_num_threads(),
+                        "repeats": repeats,
+                        **{f"{key}_ms": 1e3 * t[key].median_s for key in calls},
+                        **{f"{key}_min_ms": 1e3 * t[key].min_s for key in calls},
+                        "specviz_vs_sdpa": t["specviz"].median_s / t["sdpa"].median_s,
+                        "split_vs_specviz": t["split"].median_s / t["specviz"].median_s,
+                        "specviz_bitwise": bool(torch.equal(outs["specviz"], outs["sdpa"])),
+                        "split_max_abs_diff": float((outs["split"].float() - outs["sdpa"].float()).abs().max()),
+                    }
+                    rows.append(row)
+                    if on_row is not None:
+                        on_row(row)
+    return pd.DataFrame(rows, columns=list(VERIFY_TIMING_COLUMNS))

@@ -14,7 +14,9 @@ target and the draft; :class:`CostModel` interpolates the curves;
 bonus token, then one per level of nodes that have children);
 :func:`sequoia_plan` scores Sequoia's optimal tree at every (budget, depth limit)
 with it, which answers "which tree size is best on this hardware";
-:func:`timed_run` measures one generation, plain or speculative.
+:func:`timed_run` measures one generation, plain or speculative;
+:func:`compare_runs`, :func:`run_counts` and :func:`speed_summary` turn a table of timed
+runs into what they counted, their speed and the speedup the cost model predicts.
 
 Dimension legend: n = new tokens fed to one forward, N = tree nodes including the root.
 """
@@ -30,11 +32,14 @@ import torch
 
 from specviz.decode.engine import plain_generate, speculative_generate
 from specviz.draft.base import Drafter
+from specviz.metrics.acceptance import acceptance_numbers, summarize_steps
 from specviz.models.kvcache import crop_cache, forward_tokens, new_cache
 from specviz.models.loading import LoadedModel
 from specviz.sampling import GREEDY, make_generator
 from specviz.tree.sequoia import expected_tokens, sequoia_tree
+from specviz.tree.core import children_lists
 from specviz.tree.shapes import TreeShape
+from specviz.validate import check_int, check_ints
 from specviz.bench.attention import time_call
 
 __all__ = [
@@ -46,6 +51,9 @@ __all__ = [
     "sequoia_plan",
     "SpeedRun",
     "timed_run",
+    "compare_runs",
+    "run_counts",
+    "speed_summary",
 ]
 
 
@@ -68,11 +76,8 @@ def forward_cost_curve(model: LoadedModel, sizes: Sequence[int], *, prefix_len: 
     Returns:
         Columns ``model, dtype, threads, n_tokens, prefix_len, median_ms, min_ms``.
     """
-    sizes = list(sizes)
-    if not sizes or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sizes):
-        raise ValueError(f"sizes must be a non-empty list of ints >= 1, got {sizes!r}")
-    if isinstance(prefix_len, bool) or not isinstance(prefix_len, int) or prefix_len < 1:
-        raise ValueError(f"prefix_len must be an int >= 1, got {prefix_len!r}")
+    sizes = check_ints("sizes", sizes)
+    check_int("prefix_len", prefix_len)
     gen = make_generator(seed)
     vocab = model.vocab_size
     cache = new_cache(model.model)
@@ -165,21 +170,19 @@ def tree_step_cost(shape: TreeShape, costs: CostModel) -> StepCost:
     and one target forward of the whole tree."""
     if not isinstance(shape, TreeShape):
         raise TypeError(f"shape must be a TreeShape, got {type(shape).__name__}")
-    has_child = [False] * shape.n_nodes
-    for p in shape.parents[1:]:
-        has_child[p] = True
+    children = children_lists(shape)
     fed: dict[int, int] = {}
     for i, d in enumerate(shape.depths()):
-        if i > 0 and has_child[i]:
+        if i > 0 and children[i]:
             fed[d] = fed.get(d, 0) + 1
     draft = costs.draft_s(1) + sum(costs.draft_s(n) for n in fed.values())
     return StepCost(draft, costs.target_s(shape.n_nodes), 1 + len(fed))
 
 
-def predicted_speedup(tau: float, step: StepCost, costs: CostModel) -> float:
-    """``tau * t_target(1) / (draft + verify)``: plain decoding's time for ``tau`` tokens
-    over one speculative step's."""
-    return tau * costs.target_s(1) / step.step_s if step.step_s > 0 else math.nan
+def predicted_speedup(tau: float, step_s: float, costs: CostModel) -> float:
+    """``tau * t_target(1) / step_s``: plain decoding's time for ``tau`` tokens over one
+    speculative step's (``step_s`` = draft + verify seconds, e.g. :attr:`StepCost.step_s`)."""
+    return tau * costs.target_s(1) / step_s if step_s > 0 else math.nan
 
 
 def sequoia_plan(acceptance: Sequence[float], budgets: Sequence[int], max_depths: Sequence[int],
@@ -204,7 +207,7 @@ def sequoia_plan(acceptance: Sequence[float], budgets: Sequence[int], max_depths
             rows.append({"budget": n, "max_depth": d, "depth": shape.depth, "draft_forwards": cost.draft_forwards,
                          "expected_tau": tau, "draft_ms": 1e3 * cost.draft_s, "verify_ms": 1e3 * cost.verify_s,
                          "step_ms": 1e3 * cost.step_s, "ms_per_token": 1e3 * cost.step_s / tau,
-                         "predicted_speedup": predicted_speedup(tau, cost, costs)})
+                         "predicted_speedup": predicted_speedup(tau, cost.step_s, costs)})
     if not rows:
         raise ValueError(f"no budget in {list(budgets)} fits any depth limit in {list(max_depths)}")
     return pd.DataFrame(rows).sort_values(["ms_per_token", "budget"], kind="stable").reset_index(drop=True)
@@ -255,12 +258,87 @@ def timed_run(target: LoadedModel, drafter: Drafter | None, prompt: str | Sequen
     off, so no time goes to analysis)."""
     if drafter is None:
         r = plain_generate(target, prompt, max_new_tokens=max_new_tokens, config=GREEDY)
-        return SpeedRun(method or "plain", r.n_new_tokens, r.wall_time_s, r.n_new_tokens, 0, 0, 0.0, 0.0, 1.0,
+        return SpeedRun(method or "plain", r.n_new_tokens, r.wall_s, r.n_new_tokens, 0, 0, 0.0, 0.0, 1.0,
                         r.output_ids)
     r = speculative_generate(target, drafter, prompt, max_new_tokens=max_new_tokens, config=GREEDY,
                              verifier="greedy", analyze=False)
-    steps = r.steps
+    stats = summarize_steps(r.steps, new_tokens=r.n_new_tokens)
     return SpeedRun(
-        method or drafter.name, r.n_new_tokens, r.wall_time_s, len(steps), sum(s.tree.budget for s in steps),
-        sum(s.acceptance.accept_length for s in steps), sum(s.draft_time_s for s in steps),
-        sum(s.verify_time_s for s in steps), sum(s.tree.n_nodes for s in steps) / max(1, len(steps)), r.output_ids)
+        method or drafter.name, r.n_new_tokens, r.wall_s, stats.n_steps, stats.drafted_tokens,
+        stats.accepted_tokens, stats.draft_time_s, stats.verify_time_s,
+        sum(s.tree.n_nodes for s in r.steps) / max(1, stats.n_steps), r.output_ids)
+
+
+_RUN_COLUMNS = ("method", "question_id", "new_tokens", "wall_s", "steps", "drafted", "accepted", "draft_s",
+                "verify_s", "mean_nodes", "output_ids")
+
+
+def compare_runs(runs: pd.DataFrame, baseline: str = "plain") -> pd.DataFrame:
+    """Timed runs (one row per :class:`SpeedRun` of a method on a prompt, with
+    ``question_id``) compared with the ``baseline`` method's run of the same prompt.
+
+    Returns:
+        A copy with ``matches_plain`` (same output ids as the baseline), ``tokens_per_s``
+        (new tokens / wall time) and ``speedup`` (over the baseline's tokens/s) added.
+
+    Raises:
+        ValueError: if a column is missing or a prompt has no baseline run.
+    """
+    missing = [c for c in _RUN_COLUMNS if c not in runs.columns]
+    if missing:
+        raise ValueError(f"the runs table lacks columns {missing}")
+    plain = runs[runs["method"] == baseline]
+    lacking = sorted(set(runs["question_id"]) - set(plain["question_id"]))
+    if lacking:
+        raise ValueError(f"no {baseline!r} run for question ids {lacking}")
+    plain_ids = dict(zip(plain["question_id"], plain["output_ids"]))
+    out = runs.copy()
+    out["matches_plain"] = [r.output_ids == plain_ids[r.question_id] for r in out.itertuples()]
+    out["tokens_per_s"] = out["new_tokens"] / out["wall_s"]
+    plain_tps = out[out["method"] == baseline].set_index("question_id")["tokens_per_s"]
+    out["speedup"] = out["tokens_per_s"] / out["question_id"].map(plain_tps)
+    return out
+
+
+def run_counts(runs: pd.DataFrame) -> pd.DataFrame:
+    """What each method counted over its runs (a :func:`compare_runs` table), nothing timed.
+
+    Returns:
+        One row per method, in order of first appearance: ``method, prompts, new_tokens,
+        steps, tau`` (new tokens per target call, as the output realises it), ``drafted,
+        accepted, acceptance_rate`` (:func:`specviz.metrics.acceptance_numbers`) and
+        ``matches_plain`` (share of prompts whose output equals the baseline's).
+    """
+    counts = runs.groupby("method", sort=False).agg(
+        prompts=("question_id", "size"), new_tokens=("new_tokens", "sum"), steps=("steps", "sum"),
+        drafted=("drafted", "sum"), accepted=("accepted", "sum"), matches_plain=("matches_plain", "mean")).reset_index()
+    counts["tau"] = counts["new_tokens"] / counts["steps"]
+    counts["acceptance_rate"] = pd.Series(
+        [acceptance_numbers(int(d), int(a), int(n))[0]
+         for d, a, n in zip(counts["drafted"], counts["accepted"], counts["steps"])], index=counts.index, dtype=float)
+    return counts[["method", "prompts", "new_tokens", "steps", "tau", "drafted", "accepted", "acceptance_rate",
+                   "matches_plain"]]
+
+
+def speed_summary(runs: pd.DataFrame, costs: CostModel, baseline: str = "plain") -> pd.DataFrame:
+    """Measured and predicted speed of each method (a :func:`compare_runs` table).
+
+    Returns:
+        One row per method, in order of first appearance: ``method, tokens_per_s,
+        speedup`` (means over prompts), ``new_tokens, steps, draft_s, verify_s`` (sums),
+        ``mean_nodes`` (mean), ``tau`` (new tokens per step), ``draft_ms, verify_ms``
+        (per step), ``verify_curve_ms`` (the target's cost curve at ``mean_nodes``) and
+        ``predicted`` (:func:`predicted_speedup` with the run's tau and draft time per
+        step and the curve's verification time; 1 for the baseline).
+    """
+    speed = runs.groupby("method", sort=False).agg(
+        tokens_per_s=("tokens_per_s", "mean"), speedup=("speedup", "mean"), new_tokens=("new_tokens", "sum"),
+        steps=("steps", "sum"), draft_s=("draft_s", "sum"), verify_s=("verify_s", "sum"),
+        mean_nodes=("mean_nodes", "mean")).reset_index()
+    speed["tau"] = speed["new_tokens"] / speed["steps"]
+    speed["draft_ms"] = 1e3 * speed["draft_s"] / speed["steps"]
+    speed["verify_ms"] = 1e3 * speed["verify_s"] / speed["steps"]
+    speed["verify_curve_ms"] = [1e3 * costs.target_s(n) for n in speed["mean_nodes"]]
+    speed["predicted"] = [predicted_speedup(tau, d / 1e3 + costs.target_s(n), costs) if m != baseline else 1.0
+                          for m, tau, d, n in zip(speed["method"], speed["tau"], speed["draft_ms"], speed["mean_nodes"])]
+    return speed

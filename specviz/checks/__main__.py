@@ -1,3 +1,102 @@
-from specviz.checks.identity import main
+"""The command line of the slow exactness checks (:mod:`specviz.checks.identity` describes
+the sections)::
 
-raise SystemExit(main())
+    python -m specviz.checks                        # full: 10 prompts x 128 tokens, every section
+    python -m specviz.checks --prompts 3 --tokens 32 --sections identity
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from typing import Sequence
+
+from specviz.checks import identity
+from specviz.checks.identity import (
+    check_identity,
+    compare_schedules,
+    default_drafters,
+    format_checks,
+    format_schedules,
+)
+from specviz.models.loading import DEFAULT_DRAFT, DEFAULT_TARGET, load_pair
+from specviz.study.store import ResultStore
+
+__all__ = ["main"]
+
+
+def _prompts(n: int) -> list[str]:
+    from specviz.study.prompts import load_prompts
+
+    return [p.text for p in load_prompts(limit=n)]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line entry point; returns 1 if the fp32 identity check found a mismatch."""
+    parser = argparse.ArgumentParser(prog="python -m specviz.checks", description=identity.__doc__.split("\n\n")[0])
+    parser.add_argument("--prompts", type=int, default=10, help="prompts from the shipped set (default 10)")
+    parser.add_argument("--tokens", type=int, default=128, help="new tokens per prompt (default 128)")
+    parser.add_argument("--sections", default="identity,bf16,adaptive",
+                        help="comma-separated: identity (fp32), bf16, adaptive")
+    parser.add_argument("--drafters", default="",
+                        help="comma-separated substrings of drafter names to keep (default: all)")
+    parser.add_argument("--cost-ratio", type=float, default=0.3,
+                        help="draft-forward / target-verify cost for the adaptive section (default 0.3)")
+    parser.add_argument("--out", default="checks.json", help="JSON report, relative to outputs/ (default checks.json)")
+    parser.add_argument("--fresh", action="store_true", help="ignore finished units of an earlier run and start over")
+    args = parser.parse_args(argv)
+    sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = sorted(set(sections) - {"identity", "bf16", "adaptive"})
+    if unknown:
+        parser.error(f"unknown sections {unknown}; choose from identity, bf16, adaptive")
+    prompts = _prompts(args.prompts)
+    keep = [s for s in args.drafters.split(",") if s]
+    report: dict[str, object] = {"prompts": args.prompts, "tokens": args.tokens}
+    status = 0
+
+    def log(msg: str) -> None:
+        print(msg, flush=True)
+
+    from specviz.locations import OUTPUTS_DIR
+
+    # One store per dtype: the fp32 and bf16 sections can run as two processes at once.
+    stores: dict[str, ResultStore] = {}
+
+    def store_for(dtype: str) -> ResultStore:
+        if dtype not in stores:
+            path = OUTPUTS_DIR / "checks" / "partial" / f"checks-{args.prompts}x{args.tokens}-{dtype}.jsonl"
+            if args.fresh:
+                path.unlink(missing_ok=True)
+            stores[dtype] = ResultStore(path)
+            log(f"finished {dtype} units are kept in {path}")
+        return stores[dtype]
+
+    for section, dtype in (("identity", "fp32"), ("bf16", "bf16")):
+        if section not in sections:
+            continue
+        store = store_for(dtype)
+        pair = load_pair(DEFAULT_TARGET, DEFAULT_DRAFT, dtype=dtype)
+        drafters = [d for d in default_drafters(pair) if not keep or any(k in d.name for k in keep)]
+        checks = check_identity(pair, prompts, drafters, args.tokens, log=log, store=store)
+        log(format_checks(checks))
+        report[section] = [asdict(c) | {"match_rate": c.match_rate, "token_match_rate": c.token_match_rate}
+                           for c in checks]
+        if section == "identity" and any(c.identical < c.n_prompts for c in checks):
+            status = 1
+        del pair, drafters
+    if "adaptive" in sections:
+        pair = load_pair(DEFAULT_TARGET, DEFAULT_DRAFT, dtype="bf16")
+        results = compare_schedules(pair, prompts, args.tokens, args.cost_ratio, log=log, store=store_for("bf16"))
+        log(format_schedules(results))
+        report["adaptive"] = [asdict(r) for r in results]
+    from specviz.locations import output_path
+
+    path = output_path(args.out)
+    path.write_text(json.dumps(report, indent=1))
+    log(f"report written to {path}")
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

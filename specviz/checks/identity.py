@@ -1,6 +1,7 @@
 """Slow checks on the built-in pair: is speculative decoding exact, and what does adaptivity buy?
 
-Three sections, each a function returning frozen dataclasses, plus a command line::
+Three sections, each a function returning frozen dataclasses, plus a command line
+(:mod:`specviz.checks.__main__`)::
 
     python -m specviz.checks                        # full: 10 prompts x 128 tokens, every section
     python -m specviz.checks --prompts 3 --tokens 32 --sections identity
@@ -28,33 +29,25 @@ there (``--fresh`` starts over).
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import json
 import math
-import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Sequence
 
 import torch
 
-from specviz.decode.engine import GenerationResult, replay_acceptance, speculative_generate_batch
-from specviz.draft.base import (
-    AdaptiveChainDrafter,
-    ChainDrafter,
-    Drafter,
-    DynamicTreeDrafter,
-    MergedDrafter,
-    SelfSpeculativeDrafter,
-    TreeDrafter,
-)
+from specviz.decode.engine import speculative_generate_batch
+from specviz.decode.records import GenerationResult
+from specviz.decode.replay import greedy_reference, reference_key, replay_acceptance
+from specviz.draft.adaptive import AdaptiveChainDrafter
+from specviz.draft.base import Drafter
+from specviz.draft.model import ChainDrafter, TreeDrafter
+from specviz.draft.registry import build_drafter
 from specviz.metrics.acceptance import summarize
-from specviz.models.loading import DEFAULT_DRAFT, DEFAULT_TARGET, LoadedModel, ModelPair, load_pair
-from specviz.draft.ngram import NgramDrafter, NgramTrieDrafter
+from specviz.models.loading import LoadedModel, ModelPair
 from specviz.study.store import ResultStore
-from specviz.tree.shapes import chain, expansion, from_paths
-from specviz.decode.replay import greedy_reference, reference_key
+from specviz.tree.shapes import from_paths
 
 __all__ = [
     "SPARSE_TREE",
@@ -68,7 +61,6 @@ __all__ = [
     "compare_schedules",
     "format_checks",
     "format_schedules",
-    "main",
 ]
 
 #: a sparse Medusa-style static tree: wide at depth 1, one deep spine
@@ -76,21 +68,15 @@ SPARSE_TREE = from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (
 
 
 def default_drafters(pair: ModelPair) -> list[Drafter]:
-    """One drafter of every kind, with the shapes the checks use."""
-    d, t = pair.draft, pair.target
-    return [
-        ChainDrafter(d, 4),
-        TreeDrafter(d, expansion([2, 2, 1])),
-        TreeDrafter(d, SPARSE_TREE),
-        DynamicTreeDrafter(d, topk=4, depth=5, budget=16),
-        AdaptiveChainDrafter(d, "heuristic"),
-        AdaptiveChainDrafter(d, "throughput"),
-        # without trained exits a truncated target only agrees with itself when few layers are cut
-        SelfSpeculativeDrafter(t, n_layers=t.model.config.num_hidden_layers - 4, shape=chain(3)),
-        NgramDrafter(n=3, k=5),
-        NgramTrieDrafter(n=3, depth=5, budget=16),
-        MergedDrafter([ChainDrafter(d, 4), NgramDrafter(n=3, k=5)]),
-    ]
+    """One drafter of every kind, with the shapes the checks use (by registry name, plus the
+    sparse tree, which no name spells)."""
+    # without trained exits a truncated target only agrees with itself when few layers are cut
+    self_spec = f"self-spec-L{pair.target.model.config.num_hidden_layers - 4}-k3"
+    names = ["chain-k4", "tree-2x2x1", "dynamic-k4-d5-n16", "adaptive-heuristic", "adaptive-throughput", self_spec,
+             "ngram-n3-k5", "ngram-trie-n3-d5-b16", "merged"]
+    drafters = [build_drafter(name, pair) for name in names]
+    drafters.insert(2, TreeDrafter(pair.draft, SPARSE_TREE))
+    return drafters
 
 
 @dataclass(frozen=True)
@@ -180,7 +166,7 @@ def references(target: LoadedModel, prompts: Sequence[str], max_new_tokens: int,
     for i, p in enumerate(prompts):
         r = greedy_reference(target, p, max_new_tokens, store=store)
         out.append(r)
-        log(f"[{tag}] target-only prompt {i}: {len(r.output_ids)} tokens, {r.wall_time_s:.1f} s")
+        log(f"[{tag}] target-only prompt {i}: {len(r.output_ids)} tokens, {r.wall_s:.1f} s")
     return out
 
 
@@ -319,79 +305,3 @@ def format_schedules(results: Sequence[ScheduleResult]) -> str:
         lines.append(f"{r.drafter:22} {r.steps:>6} {r.drafted_tokens:>8} {r.acceptance_rate:>9.3f} {r.tau:>6.2f} "
                      f"{r.modelled_speedup:>17.3f}")
     return "\n".join(lines)
-
-
-def _prompts(n: int) -> list[str]:
-    from specviz.study.prompts import load_prompts
-
-    return [p.text for p in load_prompts(limit=n)]
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command line entry point; returns 1 if the fp32 identity check found a mismatch."""
-    parser = argparse.ArgumentParser(prog="python -m specviz.checks", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prompts", type=int, default=10, help="prompts from the shipped set (default 10)")
-    parser.add_argument("--tokens", type=int, default=128, help="new tokens per prompt (default 128)")
-    parser.add_argument("--sections", default="identity,bf16,adaptive",
-                        help="comma-separated: identity (fp32), bf16, adaptive")
-    parser.add_argument("--drafters", default="",
-                        help="comma-separated substrings of drafter names to keep (default: all)")
-    parser.add_argument("--cost-ratio", type=float, default=0.3,
-                        help="draft-forward / target-verify cost for the adaptive section (default 0.3)")
-    parser.add_argument("--out", default="checks.json", help="JSON report, relative to outputs/ (default checks.json)")
-    parser.add_argument("--fresh", action="store_true", help="ignore finished units of an earlier run and start over")
-    args = parser.parse_args(argv)
-    sections = [s.strip() for s in args.sections.split(",") if s.strip()]
-    unknown = sorted(set(sections) - {"identity", "bf16", "adaptive"})
-    if unknown:
-        parser.error(f"unknown sections {unknown}; choose from identity, bf16, adaptive")
-    prompts = _prompts(args.prompts)
-    keep = [s for s in args.drafters.split(",") if s]
-    report: dict[str, object] = {"prompts": args.prompts, "tokens": args.tokens}
-    status = 0
-
-    def log(msg: str) -> None:
-        print(msg, flush=True)
-
-    from specviz.locations import OUTPUTS_DIR
-
-    # One store per dtype: the fp32 and bf16 sections can run as two processes at once.
-    stores: dict[str, ResultStore] = {}
-
-    def store_for(dtype: str) -> ResultStore:
-        if dtype not in stores:
-            path = OUTPUTS_DIR / "checks" / "partial" / f"checks-{args.prompts}x{args.tokens}-{dtype}.jsonl"
-            if args.fresh:
-                path.unlink(missing_ok=True)
-            stores[dtype] = ResultStore(path)
-            log(f"finished {dtype} units are kept in {path}")
-        return stores[dtype]
-
-    for section, dtype in (("identity", "fp32"), ("bf16", "bf16")):
-        if section not in sections:
-            continue
-        store = store_for(dtype)
-        pair = load_pair(DEFAULT_TARGET, DEFAULT_DRAFT, dtype=dtype)
-        drafters = [d for d in default_drafters(pair) if not keep or any(k in d.name for k in keep)]
-        checks = check_identity(pair, prompts, drafters, args.tokens, log=log, store=store)
-        log(format_checks(checks))
-        report[section] = [asdict(c) | {"match_rate": c.match_rate, "token_match_rate": c.token_match_rate}
-                           for c in checks]
-        if section == "identity" and any(c.identical < c.n_prompts for c in checks):
-            status = 1
-        del pair, drafters
-    if "adaptive" in sections:
-        pair = load_pair(DEFAULT_TARGET, DEFAULT_DRAFT, dtype="bf16")
-        results = compare_schedules(pair, prompts, args.tokens, args.cost_ratio, log=log, store=store_for("bf16"))
-        log(format_schedules(results))
-        report["adaptive"] = [asdict(r) for r in results]
-    from specviz.locations import output_path
-
-    path = output_path(args.out)
-    path.write_text(json.dumps(report, indent=1))
-    log(f"report written to {path}")
-    return status
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -13,12 +13,13 @@ One step for every active sequence (batch row):
 4. the cache keeps the prefix plus the root and the accepted path, moved into place
    (:func:`specviz.kvcache.compact_cache`); the bonus token becomes the next root.
 
-Every step is recorded in a :class:`StepTrace` (tree, acceptance, target and draft
-probabilities at the nodes, the exact expected acceptance, wall times), every sequence
-in a :class:`GenerationResult`. :func:`plain_generate` is the target-only baseline and
-the reference for identity tests; :func:`replay_acceptance` recomputes greedy
-acceptance for any drafter from a recorded greedy continuation without running the
-target on any tree.
+Every step is recorded in a :class:`~specviz.decode.records.StepTrace` (tree,
+acceptance, target and draft probabilities at the nodes, the exact expected acceptance,
+wall times), every sequence in a :class:`~specviz.decode.records.GenerationResult`;
+sequences stop by :class:`~specviz.decode.records.StopRules`. :func:`plain_generate` is
+the target-only baseline and the reference for identity tests;
+:func:`specviz.decode.replay_acceptance` recomputes greedy acceptance for any drafter
+from a recorded greedy continuation without running the target on any tree.
 
 Probabilities in traces follow the verifier's view (after the sampling configuration);
 under greedy decoding, where that view is one-hot, they are temperature-1 softmax
@@ -31,103 +32,28 @@ committed prefix in the cache (Pmax over rows), L = committed tokens, V = vocabu
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Sequence
 
 import torch
 
+from specviz.decode.records import GenerationResult, StepTrace, StopRules
 from specviz.draft.base import Drafter, draft_all
 from specviz.models.kvcache import cache_length, compact_cache, forward_tokens, new_cache, select_rows
 from specviz.models.loading import LoadedModel, check_same_tokenizer
 from specviz.sampling import GREEDY, SamplingConfig, make_generator, probs_from_logits, sample
-from specviz.tree.core import DraftTree, depths, pad_trees
-from specviz.verify.rules import Acceptance, Verifier, get_verifier
+from specviz.tree.core import DraftTree, depths, pad_masks, pad_trees
+from specviz.validate import check_int
+from specviz.verify.rules import Verifier, get_verifier
 
 __all__ = [
-    "STOP_REASONS",
-    "StepTrace",
-    "GenerationResult",
     "encode_prompt",
     "eos_token_ids",
+    "stop_rules",
     "speculative_generate",
     "speculative_generate_batch",
     "plain_generate",
-    "replay_acceptance",
 ]
-
-#: why a sequence stopped: an end-of-sequence token, the token budget, the model's context
-STOP_REASONS = ("eos", "max_new_tokens", "context_limit")
-
-
-@dataclass(frozen=True)
-class StepTrace:
-    """One speculative step of one sequence.
-
-    Attributes:
-        step: 0-based step index within the sequence.
-        tree: the verified draft tree (after trimming to the remaining budget), without
-            its ``draft_probs`` unless the run kept them; ``tree.q`` holds the draft
-            probability of every node.
-        acceptance: what the verifier kept.
-        target_token_probs: ``(N,)`` target probability of each node's token at its
-            parent (root = 1.0; NaN in replay, which never runs the target on the tree).
-        expected_accept_length: exact expected accepted draft tokens of this step under
-            the verifier's rule (NaN when the run skipped the analysis).
-        draft_time_s: wall time of the drafting phase (in a batch, all rows draft together
-            and share this time).
-        verify_time_s: wall time of the target forward plus the verification rule
-            (the forward is shared by all rows of a batch; 0 in replay).
-        drafter: the drafter's name.
-        context_len: committed tokens (prompt included) before the step.
-    """
-
-    step: int
-    tree: DraftTree
-    acceptance: Acceptance
-    target_token_probs: torch.Tensor
-    expected_accept_length: float
-    draft_time_s: float
-    verify_time_s: float
-    drafter: str
-    context_len: int
-
-
-@dataclass(frozen=True)
-class GenerationResult:
-    """One generated sequence and how it was produced.
-
-    Attributes:
-        prompt_ids: the prompt token ids (after the chat template).
-        output_ids: the new token ids (an end-of-sequence token, if any, included last).
-        text: ``output_ids`` decoded without special tokens.
-        steps: one :class:`StepTrace` per target call (empty for :func:`plain_generate`).
-        wall_time_s: wall time from the start of the call until this sequence finished.
-        stop_reason: one of :data:`STOP_REASONS`.
-        drafter: the drafter's name ("none" for target-only decoding).
-        verifier: the verification rule's name.
-        config: the sampling configuration.
-        max_new_tokens: the token budget the run had.
-    """
-
-    prompt_ids: tuple[int, ...]
-    output_ids: tuple[int, ...]
-    text: str
-    steps: tuple[StepTrace, ...]
-    wall_time_s: float
-    stop_reason: str
-    drafter: str
-    verifier: str
-    config: SamplingConfig
-    max_new_tokens: int
-
-    @property
-    def n_steps(self) -> int:
-        """Target calls after the prompt."""
-        return len(self.steps)
-
-    @property
-    def n_new_tokens(self) -> int:
-        return len(self.output_ids)
 
 
 # -- prompts and stopping ------------------------------------------------------------------------
@@ -180,12 +106,10 @@ def eos_token_ids(target: LoadedModel) -> tuple[int, ...]:
     return tuple(found)
 
 
-def _commit(tokens: Sequence[int], eos: Sequence[int]) -> tuple[list[int], bool]:
-    """``tokens`` up to and including the first end-of-sequence token, and whether one was hit."""
-    for i, t in enumerate(tokens):
-        if t in eos:
-            return list(tokens[:i + 1]), True
-    return list(tokens), False
+def stop_rules(target: LoadedModel, max_new_tokens: int, stop_at_eos: bool = True) -> StopRules:
+    """The rules a run on ``target`` stops by: its end-of-sequence ids (when
+    ``stop_at_eos``), the budget and its context limit."""
+    return StopRules(eos_token_ids(target) if stop_at_eos else (), max_new_tokens, target.max_context)
 
 
 def _limit_depth(tree: DraftTree, max_depth: int) -> DraftTree:
@@ -202,11 +126,6 @@ def _as_verifier(verifier: str | Verifier) -> Verifier:
     if isinstance(verifier, str):
         return get_verifier(verifier)
     raise TypeError(f"verifier must be a name or a Verifier, got {type(verifier).__name__}")
-
-
-def _check_budget(max_new_tokens: int) -> None:
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
 
 
 def _check_prompt(target: LoadedModel, ids: list[int]) -> None:
@@ -264,11 +183,16 @@ class _Row:
         self.generator = generator
         self.steps: list[StepTrace] = []
         self.stop_reason = ""
-        self.wall_time_s = 0.0
+        self.wall_s = 0.0
 
     @property
     def generated(self) -> int:
         return len(self.tokens) - len(self.prompt)
+
+    def commit(self, tokens: Sequence[int], stops: StopRules) -> None:
+        """Append a step's tokens (cut at end-of-sequence) and note why the row stops."""
+        committed, self.stop_reason = stops.commit(tokens, len(self.prompt), self.generated)
+        self.tokens.extend(committed)
 
 
 def _prefill(target: LoadedModel, contexts: list[list[int]]):
@@ -285,11 +209,8 @@ def _prefill(target: LoadedModel, contexts: list[list[int]]):
     pos = torch.arange(m).expand(b, m)  # (B, m)
     allowed = None
     if min(lens) != m:
-        q = torch.arange(m)[:, None]
-        k = torch.arange(m)[None, :]
-        valid = k < torch.tensor(lens)[:, None, None]  # (B, 1, m)
-        # padding queries see themselves so their (ignored) outputs stay finite
-        allowed = (k <= q) & (valid | (k == q))  # (B, m, m)
+        # causal within each row's own tokens; pad_masks puts padding after them
+        allowed = pad_masks([torch.ones(n, n, dtype=torch.bool).tril() for n in lens], [0] * b)  # (B, m, m)
     forward_tokens(target.model, cache, ids, pos, allowed, logits_to_keep=1)
     return cache
 
@@ -300,19 +221,9 @@ def _finish(target: LoadedModel, row: _Row, start: float, drafter_name: str, ver
     return GenerationResult(
         prompt_ids=tuple(row.prompt), output_ids=out,
         text=target.tokenizer.decode(list(out), skip_special_tokens=True),
-        steps=tuple(row.steps), wall_time_s=row.wall_time_s or time.perf_counter() - start,
+        steps=tuple(row.steps), wall_s=row.wall_s or time.perf_counter() - start,
         stop_reason=row.stop_reason, drafter=drafter_name, verifier=verifier, config=config,
         max_new_tokens=max_new_tokens)
-
-
-def _stop_reason(row: _Row, hit_eos: bool, max_new_tokens: int, max_context: int) -> str:
-    if hit_eos:
-        return "eos"
-    if row.generated >= max_new_tokens:
-        return "max_new_tokens"
-    if len(row.tokens) >= max_context:
-        return "context_limit"
-    return ""
 
 
 def _verify_row(row: _Row, tree: DraftTree, logits: torch.Tensor, verifier: Verifier, config: SamplingConfig,
@@ -336,10 +247,9 @@ def _verify_row(row: _Row, tree: DraftTree, logits: torch.Tensor, verifier: Veri
 
 def _run(target: LoadedModel, drafters: list[Drafter], prompts: list[list[int]], max_new_tokens: int,
          config: SamplingConfig, verifier: Verifier, seeds: list[int], analyze: bool,
-         keep_draft_probs: bool, stop_at_eos: bool) -> list[GenerationResult]:
+         keep_draft_probs: bool, stop_at_eos: bool, attention: str) -> list[GenerationResult]:
     start = time.perf_counter()
-    eos = eos_token_ids(target) if stop_at_eos else ()
-    limit = target.max_context
+    stops = stop_rules(target, max_new_tokens, stop_at_eos)
     vocab = target.vocab_size
     mode = verifier.sibling_sampling
     rows = [_Row(p, d, make_generator(s)) for p, d, s in zip(prompts, drafters, seeds)]
@@ -356,13 +266,14 @@ def _run(target: LoadedModel, drafters: list[Drafter], prompts: list[list[int]],
         for i, tree in zip(active, drafted):
             row = rows[i]
             tree = _checked_tree(tree, row.drafter, row.tokens, vocab)
-            room = min(max_new_tokens - row.generated, limit - len(row.tokens))
+            room = stops.room(len(row.prompt), row.generated)
             trees.append(_limit_depth(tree, room - 1))
         prefix = [len(rows[i].tokens) - 1 for i in active]
         assert cache_length(cache) == max(prefix), "cache length out of sync with the committed prefixes"
         batch = pad_trees(trees, prefix)
         t0 = time.perf_counter()
-        logits = forward_tokens(target.model, cache, batch.tokens, batch.position_ids, batch.mask)  # (B, Nmax, V)
+        logits = forward_tokens(target.model, cache, batch.tokens, batch.position_ids, batch.mask,
+                                attention=attention)  # (B, Nmax, V)
         forward_time = time.perf_counter() - t0
         pmax = max(prefix)
         keep_rows, dst, src = [], [], []
@@ -373,11 +284,9 @@ def _run(target: LoadedModel, drafters: list[Drafter], prompts: list[list[int]],
             row.steps.append(trace)
             row.drafter.observe(trace)
             acc = trace.acceptance
-            committed, hit_eos = _commit(acc.committed_tokens, eos)
-            row.tokens.extend(committed)
-            row.stop_reason = _stop_reason(row, hit_eos, max_new_tokens, limit)
+            row.commit(acc.committed_tokens, stops)
             if row.stop_reason:
-                row.wall_time_s = time.perf_counter() - start
+                row.wall_s = time.perf_counter() - start
                 continue
             keep_rows.append(b)
             dst.append(prefix[b])
@@ -398,7 +307,7 @@ def _prepare(target: LoadedModel, drafter: Drafter, prompts: Sequence, max_new_t
         raise TypeError(f"target must be a specviz LoadedModel, got {type(target).__name__}")
     if not isinstance(config, SamplingConfig):
         raise TypeError(f"config must be a SamplingConfig, got {type(config).__name__}")
-    _check_budget(max_new_tokens)
+    check_int("max_new_tokens", max_new_tokens)
     _check_drafter(target, drafter)
     ids = [encode_prompt(target.tokenizer, p, chat) for p in prompts]
     for p in ids:
@@ -410,7 +319,7 @@ def speculative_generate(target: LoadedModel, drafter: Drafter, prompt: str | Se
                          max_new_tokens: int = 64, config: SamplingConfig = GREEDY,
                          verifier: str | Verifier = "greedy", seed: int = 0, chat: bool = True,
                          analyze: bool = True, keep_draft_probs: bool = False,
-                         stop_at_eos: bool = True) -> GenerationResult:
+                         stop_at_eos: bool = True, attention: str = "specviz") -> GenerationResult:
     """Generate with speculative decoding: ``drafter`` proposes, ``target`` verifies.
 
     The drafter is reset first, so a run depends only on its arguments.
@@ -430,6 +339,8 @@ def speculative_generate(target: LoadedModel, drafter: Drafter, prompt: str | Se
             (large for real vocabularies).
         stop_at_eos: stop after an end-of-sequence token (False generates exactly
             ``max_new_tokens``, e.g. for fixed-length comparisons).
+        attention: how the target's verification forward attends
+            (:data:`specviz.attention.ATTENTION_CHOICES`; see :func:`~specviz.models.forward_tokens`).
 
     Returns:
         A :class:`GenerationResult`; stops on an end-of-sequence token, after
@@ -442,14 +353,14 @@ def speculative_generate(target: LoadedModel, drafter: Drafter, prompt: str | Se
     """
     ids, rule = _prepare(target, drafter, [prompt], max_new_tokens, chat, config, verifier)
     return _run(target, [drafter], ids, max_new_tokens, config, rule, [seed], analyze, keep_draft_probs,
-                stop_at_eos)[0]
+                stop_at_eos, attention)[0]
 
 
 def speculative_generate_batch(target: LoadedModel, drafter: Drafter, prompts: Sequence[str | Sequence[int]], *,
                                max_new_tokens: int = 64, config: SamplingConfig = GREEDY,
                                verifier: str | Verifier = "greedy", seed: int | Sequence[int] = 0,
                                chat: bool = True, analyze: bool = True, keep_draft_probs: bool = False,
-                               stop_at_eos: bool = True) -> list[GenerationResult]:
+                               stop_at_eos: bool = True, attention: str = "specviz") -> list[GenerationResult]:
     """Speculative decoding of several prompts at once, one target call per step for all rows.
 
     Every row gets its own copy of ``drafter`` (:meth:`~specviz.drafters.Drafter.spawn`)
@@ -471,7 +382,8 @@ def speculative_generate_batch(target: LoadedModel, drafter: Drafter, prompts: S
         raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
     ids, rule = _prepare(target, drafter, prompts, max_new_tokens, chat, config, verifier)
     drafters = [drafter.spawn() for _ in ids]
-    return _run(target, drafters, ids, max_new_tokens, config, rule, seeds, analyze, keep_draft_probs, stop_at_eos)
+    return _run(target, drafters, ids, max_new_tokens, config, rule, seeds, analyze, keep_draft_probs, stop_at_eos,
+                attention)
 
 
 @torch.no_grad()
@@ -483,16 +395,16 @@ def plain_generate(target: LoadedModel, prompt: str | Sequence[int], *, max_new_
 
     Args:
         stop_at_eos: stop after an end-of-sequence token (False keeps going to
-            ``max_new_tokens``, which :func:`replay_acceptance` can use).
+            ``max_new_tokens``, which :func:`specviz.decode.replay_acceptance` can use).
         Other arguments as in :func:`speculative_generate`.
     """
     if not isinstance(config, SamplingConfig):
         raise TypeError(f"config must be a SamplingConfig, got {type(config).__name__}")
-    _check_budget(max_new_tokens)
+    check_int("max_new_tokens", max_new_tokens)
     ids = encode_prompt(target.tokenizer, prompt, chat)
     _check_prompt(target, ids)
     start = time.perf_counter()
-    eos = eos_token_ids(target) if stop_at_eos else ()
+    stops = stop_rules(target, max_new_tokens, stop_at_eos)
     generator = make_generator(seed)
     cache = new_cache(target.model)
     tokens = list(ids)
@@ -505,113 +417,11 @@ def plain_generate(target: LoadedModel, prompt: str | Sequence[int], *, max_new_
             nxt = int(logits.argmax())
         else:
             nxt = int(sample(probs_from_logits(logits, config), generator)[0])
+        _, reason = stops.commit([nxt], len(ids), len(tokens) - len(ids))
         tokens.append(nxt)
-        new = len(tokens) - len(ids)
-        if nxt in eos:
-            reason = "eos"
-        elif new >= max_new_tokens:
-            reason = "max_new_tokens"
-        elif len(tokens) >= target.max_context:
-            reason = "context_limit"
         feed = torch.tensor([[nxt]])
     out = tuple(tokens[len(ids):])
     return GenerationResult(
         prompt_ids=tuple(ids), output_ids=out, text=target.tokenizer.decode(list(out), skip_special_tokens=True),
-        steps=(), wall_time_s=time.perf_counter() - start, stop_reason=reason, drafter="none",
+        steps=(), wall_s=time.perf_counter() - start, stop_reason=reason, drafter="none",
         verifier="none", config=config, max_new_tokens=max_new_tokens)
-
-
-def replay_acceptance(target: LoadedModel, drafter: Drafter, reference: GenerationResult, *,
-                      max_new_tokens: int | None = None, stop_at_eos: bool = True) -> GenerationResult:
-    """Greedy acceptance of ``drafter`` along a recorded greedy continuation, no target calls.
-
-    Under greedy decoding the committed sequence does not depend on the drafter, so the
-    target's greedy continuation decides every step: walking the draft tree from the root,
-    a child is accepted iff its token is the next token of the continuation (the first
-    such child, as :class:`~specviz.verify.GreedyVerifier` does), and the bonus is the
-    continuation token after the accepted path. The steps, trees and acceptances equal
-    those of a live greedy run with the same drafter and budget; only the target's
-    per-node probabilities are unknown (NaN) and ``verify_time_s`` is 0.
-
-    Args:
-        target: the target model (only its tokenizer, end-of-sequence ids and context
-            limit are used).
-        drafter: any drafter; it is reset first.
-        reference: a greedy run of the target on the prompt, e.g. ``plain_generate(...,
-            stop_at_eos=False)``, whose ``output_ids`` cover every position the replay
-            needs.
-        max_new_tokens: token budget (default ``reference.max_new_tokens``).
-        stop_at_eos: stop where a live run would stop at an end-of-sequence token.
-
-    Raises:
-        ValueError: a non-greedy reference, or one that ends before a position a step
-            needs (possible when it stopped at an end-of-sequence token that a draft
-            then proposed; record it with ``stop_at_eos=False``).
-    """
-    if not isinstance(reference, GenerationResult):
-        raise TypeError(f"reference must be a GenerationResult, got {type(reference).__name__}")
-    if not reference.config.greedy:
-        raise ValueError(f"replay needs a greedy reference, got temperature {reference.config.temperature}")
-    budget = reference.max_new_tokens if max_new_tokens is None else max_new_tokens
-    _check_budget(budget)
-    _check_drafter(target, drafter)
-    start = time.perf_counter()
-    eos = eos_token_ids(target) if stop_at_eos else ()
-    cont = list(reference.output_ids)
-    row = _Row(list(reference.prompt_ids), drafter, make_generator(0))
-    drafter.reset()
-    while not row.stop_reason:
-        room = min(budget - row.generated, target.max_context - len(row.tokens))
-        t0 = time.perf_counter()
-        tree = drafter.draft(torch.tensor(row.tokens), GREEDY, "greedy", row.generator)
-        draft_time = time.perf_counter() - t0
-        tree = _limit_depth(_checked_tree(tree, drafter, row.tokens, target.vocab_size), room - 1)
-        acc = _replay_step(tree, cont, row.generated)
-        trace = StepTrace(step=len(row.steps), tree=tree, acceptance=acc,
-                          target_token_probs=torch.full((tree.n_nodes,), float("nan")),
-                          expected_accept_length=float(acc.accept_length), draft_time_s=draft_time,
-                          verify_time_s=0.0, drafter=drafter.name, context_len=len(row.tokens))
-        row.steps.append(trace)
-        drafter.observe(trace)
-        committed, hit_eos = _commit(acc.committed_tokens, eos)
-        row.tokens.extend(committed)
-        row.stop_reason = _stop_reason(row, hit_eos, budget, target.max_context)
-    return _finish(target, row, start, drafter.name, "greedy", GREEDY, budget)
-
-
-def _replay_step(tree: DraftTree, continuation: list[int], offset: int) -> Acceptance:
-    """The greedy verifier's acceptance of ``tree`` when the target's next tokens are
-    ``continuation[offset:]``."""
-    tokens = tree.tokens.tolist()
-    parents = tree.parents.tolist()
-    children: list[list[int]] = [[] for _ in tokens]
-    for i in range(1, len(tokens)):
-        children[parents[i]].append(i)
-    accept_prob = [float("nan")] * len(tokens)
-    accept_prob[0] = 1.0
-    tried = [False] * len(tokens)
-    tried[0] = True
-    path: list[int] = []
-    u = 0
-    while True:
-        at = offset + len(path)
-        if at >= len(continuation):
-            raise ValueError(
-                f"the reference has {len(continuation)} new tokens but this step needs token {at}; "
-                "record the reference with plain_generate(..., stop_at_eos=False) and a budget at least "
-                "as large as the replay's")
-        best = continuation[at]
-        chosen = None
-        for s in children[u]:
-            tried[s] = True
-            accept_prob[s] = 1.0 if tokens[s] == best else 0.0
-            if tokens[s] == best:
-                chosen = s
-                break
-        if chosen is None:
-            return Acceptance(
-                accepted_nodes=tuple(path), accepted_tokens=tuple(tokens[s] for s in path), bonus_token=best,
-                node_accept_prob=torch.tensor(accept_prob, dtype=torch.float32),
-                tried=torch.tensor(tried, dtype=torch.bool), rule="greedy", lossless=True)
-        path.append(chosen)
-        u = chosen

@@ -1,5 +1,18 @@
-"""Drafters: everything that proposes a draft tree."""
+"""Drafters: everything that proposes a draft tree.
 
+* :mod:`~specviz.draft.base` - the :class:`Drafter` interface and the draft model's KV cache;
+* :mod:`~specviz.draft.model` - draft-model trees, chains and EAGLE-2 dynamic trees;
+* :mod:`~specviz.draft.adaptive` - chains whose length follows recent acceptance;
+* :mod:`~specviz.draft.self_spec` - the target's own first layers as the draft;
+* :mod:`~specviz.draft.ngram` - prompt lookup, as a chain or a trie;
+* :mod:`~specviz.draft.merged` - SpecInfer's merge of several drafters;
+* :mod:`~specviz.draft.registry` - every strategy by name, built from a model pair.
+"""
+
+from specviz.draft.adaptive import *  # noqa: F401,F403
 from specviz.draft.base import *  # noqa: F401,F403
-from specviz.draft.merge import *  # noqa: F401,F403
+from specviz.draft.merged import *  # noqa: F401,F403
+from specviz.draft.model import *  # noqa: F401,F403
 from specviz.draft.ngram import *  # noqa: F401,F403
+from specviz.draft.registry import *  # noqa: F401,F403
+from specviz.draft.self_spec import *  # noqa: F401,F403

@@ -3,7 +3,7 @@
 No model at all: the last ``n`` committed tokens are looked up among the earlier
 context and whatever followed them there is proposed as the draft (Hugging Face's
 ``prompt_lookup_num_tokens``, "prompt lookup decoding"; SGLang's NGRAM drafter and
-Lookahead decoding use the same idea, SPECDEC.md section 3). It shines on inputs that
+Lookahead decoding use the same idea). It shines on inputs that
 repeat themselves: code edits, summaries that quote, retrieval answers.
 
 * :class:`NgramIndex` - an incremental table from n-gram to the positions where it
@@ -32,9 +32,10 @@ from typing import Sequence
 
 import torch
 
-from specviz.draft.base import SIBLING_MODES, Drafter
-from specviz.sampling import SamplingConfig
+from specviz.draft.base import Drafter
+from specviz.sampling import SamplingConfig, check_sibling_sampling
 from specviz.tree.core import DraftTree
+from specviz.tree.trie import TokenTrie
 
 __all__ = ["NgramMatch", "NgramIndex", "NgramDrafter", "NgramTrieDrafter"]
 
@@ -65,11 +66,6 @@ def _context_tokens(context) -> list[int]:
     if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
         raise TypeError(f"context must hold integer token ids, got dtype {t.dtype}")
     return t.tolist()
-
-
-def _check_sibling_mode(sibling_sampling: str) -> None:
-    if sibling_sampling not in SIBLING_MODES:
-        raise ValueError(f"sibling_sampling must be one of {SIBLING_MODES}, got {sibling_sampling!r}")
 
 
 @dataclass(frozen=True)
@@ -228,7 +224,7 @@ class NgramDrafter(Drafter):
     def draft(self, context: torch.Tensor, config: SamplingConfig, sibling_sampling: str,
               generator: torch.Generator | None) -> DraftTree:
         """Chain of up to ``k`` looked-up tokens rooted at ``context[-1]`` (root only if no match)."""
-        _check_sibling_mode(sibling_sampling)
+        check_sibling_sampling(sibling_sampling)
         tokens = _context_tokens(context)
         match = self._lookup(tokens)
         root = tokens[-1]
@@ -311,34 +307,22 @@ class NgramTrieDrafter(Drafter):
     def draft(self, context: torch.Tensor, config: SamplingConfig, sibling_sampling: str,
               generator: torch.Generator | None) -> DraftTree:
         """Trie of the matches' continuations rooted at ``context[-1]``, at most ``budget`` nodes."""
-        _check_sibling_mode(sibling_sampling)
+        check_sibling_sampling(sibling_sampling)
         tokens = _context_tokens(context)
         found = self._matches(tokens)
         root = tokens[-1]
 
-        # full trie over all continuations; trie node 0 is the root
-        trie_tokens, parents = [root], [-1]
-        count, longest, recent = [len(found)], [0], [-1]
-        child_of: dict[tuple[int, int], int] = {}
+        # full trie over all continuations; a node is supported by the matches through it
+        trie = TokenTrie(root)
+        support: dict[int, list[NgramMatch]] = {0: list(found)}
         for m in found:
-            node = 0
-            for tok in m.continuation:
-                nxt = child_of.get((node, tok))
-                if nxt is None:
-                    nxt = len(trie_tokens)
-                    child_of[(node, tok)] = nxt
-                    trie_tokens.append(tok)
-                    parents.append(node)
-                    count.append(0)
-                    longest.append(0)
-                    recent.append(-1)
-                count[nxt] += 1
-                longest[nxt] = max(longest[nxt], m.length)
-                recent[nxt] = max(recent[nxt], m.end)
-                node = nxt
-        children: list[list[int]] = [[] for _ in trie_tokens]
-        for i in range(1, len(trie_tokens)):
-            children[parents[i]].append(i)
+            for node in trie.add_path(m.continuation):
+                support.setdefault(node, []).append(m)
+        count = [len(support[i]) for i in range(len(trie))]
+        longest = [max((m.length for m in support[i]), default=0) for i in range(len(trie))]
+        recent = [max((m.end for m in support[i]), default=-1) for i in range(len(trie))]
+        parents = trie.parents
+        children = trie.children()
 
         # best-first selection; heapq is a min-heap, hence the negated keys
         def key(i: int) -> tuple[int, int, int, int]:
@@ -364,7 +348,7 @@ class NgramTrieDrafter(Drafter):
             ranks[j] = next_rank[out_parents[j]]
             next_rank[out_parents[j]] += 1
         return DraftTree(
-            torch.tensor([trie_tokens[i] for i in kept], dtype=torch.long),
+            torch.tensor([trie.tokens[i] for i in kept], dtype=torch.long),
             torch.tensor(out_parents, dtype=torch.long),
             q=torch.tensor(q, dtype=torch.float32),
             ranks=torch.tensor(ranks, dtype=torch.long),

@@ -1,37 +1,87 @@
-"""Acceptance metrics: turn step traces into the numbers a study reports.
+"""Acceptance metrics: turn step records into the numbers a study reports.
 
-Definitions (SPECDEC.md section 1; every number says which one it is):
+Definitions (every number says which one it is):
 
 * **drafted tokens** - draft nodes proposed (root excluded), summed over steps;
 * **accepted tokens** - draft tokens on the accepted paths, summed over steps;
 * **acceptance rate** = accepted / drafted (small for trees by design: always read it
   next to the acceptance length);
 * **acceptance length** = accepted draft tokens per step (per target call);
-* **tau** = acceptance length + 1, tokens committed per target call (EAGLE's "average
-  acceptance length", Spec-Bench's "#MAT");
+* **tau** = acceptance length + 1, tokens committed per target call including the
+  bonus token (EAGLE's "average acceptance length", Spec-Bench's "#MAT");
 * **alpha_d** (per-depth acceptance) = P(a token is accepted at depth d | the accepted
   path reached depth d - 1 and the tree had a candidate there);
 * **expected acceptance length** - the mean over steps of the exact expectation that
   :mod:`specviz.verify` computes from the step's target forward; next to the realised
   acceptance length it shows whether a run was lucky.
 
-:func:`summarize` groups :class:`~specviz.decode.GenerationResult` objects by
-(drafter, verifier) and returns one frozen :class:`AcceptanceStats` per group;
-:func:`to_records` / :func:`to_frame` flatten them for pandas.
+One implementation serves both views of a run: :func:`acceptance_numbers` and
+:func:`per_depth_counts` compute the definitions from the counts of
+:class:`~specviz.decode.StepRecord` objects, whether they come from live traces
+(:func:`summarize_steps`, :func:`summarize`, one frozen :class:`AcceptanceStats` per
+(drafter, verifier)) or from tables of replayed steps (:func:`records_table`,
+:func:`acceptance_summary`, :func:`per_depth_table`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Iterable, Sequence
 
-import torch
+import pandas as pd
 
-from specviz.decode.engine import GenerationResult, StepTrace
+from specviz.decode.records import GenerationResult, StepRecord, StepTrace, records_from_steps
 
-__all__ = ["AcceptanceStats", "per_depth_acceptance", "summarize_steps", "summarize", "to_records", "to_frame"]
+__all__ = [
+    "acceptance_numbers",
+    "per_depth_counts",
+    "AcceptanceStats",
+    "per_depth_acceptance",
+    "summarize_steps",
+    "summarize",
+    "to_records",
+    "to_frame",
+    "label_rows",
+    "records_table",
+    "acceptance_summary",
+    "per_depth_table",
+]
 
+
+# -- the definitions ------------------------------------------------------------------------------
+
+def acceptance_numbers(drafted: int, accepted: int, steps: int) -> tuple[float, float, float]:
+    """``(acceptance_rate, acceptance_length, tau)`` of ``steps`` steps that drafted
+    ``drafted`` and accepted ``accepted`` draft tokens (NaN where a count is 0)."""
+    rate = accepted / drafted if drafted else math.nan
+    length = accepted / steps if steps else math.nan
+    return rate, length, length + 1.0
+
+
+def per_depth_counts(accepted: Iterable[int], extendable: Iterable[bool]) -> tuple[list[int], list[int]]:
+    """Trials and successes of the per-depth acceptance, indexed by depth - 1.
+
+    A step that accepted ``a`` draft tokens is a success at depths ``1..a`` and, when
+    ``extendable`` (the last accepted node had children), a failure at depth ``a + 1``;
+    a path that ends at a leaf offers no trial below it.
+    """
+    trials: list[int] = []
+    wins: list[int] = []
+    for a, more in zip(accepted, extendable):
+        deepest = a + 1 if more else a
+        while len(trials) < deepest:
+            trials.append(0)
+            wins.append(0)
+        for d in range(a):
+            trials[d] += 1
+            wins[d] += 1
+        if more:
+            trials[a] += 1
+    return trials, wins
+
+
+# -- per-trace view -------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class AcceptanceStats:
@@ -54,7 +104,7 @@ class AcceptanceStats:
             tree had a candidate at depth d).
         draft_time_s: total drafter wall time.
         verify_time_s: total verification wall time.
-        wall_time_s: total wall time of the sequences (each result's own clock).
+        wall_s: total wall time of the sequences (each result's own clock).
     """
 
     strategy: str
@@ -72,70 +122,64 @@ class AcceptanceStats:
     alpha_trials: tuple[int, ...]
     draft_time_s: float
     verify_time_s: float
-    wall_time_s: float
+    wall_s: float
 
     @property
     def tokens_per_second(self) -> float:
-        """new_tokens / wall_time_s (meaningful for sequences timed one at a time)."""
-        return self.new_tokens / self.wall_time_s if self.wall_time_s > 0 else math.nan
+        """new_tokens / wall_s (meaningful for sequences timed one at a time)."""
+        return self.new_tokens / self.wall_s if self.wall_s > 0 else math.nan
+
+    @property
+    def tokens_per_step(self) -> float:
+        """new_tokens / n_steps: tau as the output realises it (lower than :attr:`tau`
+        when an end-of-sequence token cut a step's tokens)."""
+        return self.new_tokens / self.n_steps if self.n_steps else math.nan
 
 
 def per_depth_acceptance(steps: Iterable[StepTrace]) -> tuple[tuple[float, ...], tuple[int, ...]]:
-    """Per-depth acceptance alpha_d and the number of trials behind each.
-
-    A step is a trial at depth d when its accepted path reached depth d - 1 and the node
-    it reached there has at least one child; it is a success when the path goes on to
-    depth d.
+    """Per-depth acceptance alpha_d and the number of trials behind each
+    (:func:`per_depth_counts` of the steps' records).
 
     Returns:
         ``(alpha, trials)``, both indexed by d - 1, up to the deepest depth with a trial.
     """
-    trials: list[int] = []
-    wins: list[int] = []
-    for step in steps:
-        n_children = torch.bincount(step.tree.parents[1:], minlength=step.tree.n_nodes).tolist()
-        path = (0,) + step.acceptance.accepted_nodes
-        for d in range(1, len(path) + 1):
-            if n_children[path[d - 1]] == 0:
-                break
-            if len(trials) < d:
-                trials.append(0)
-                wins.append(0)
-            trials[d - 1] += 1
-            wins[d - 1] += 1 if d < len(path) else 0
+    return _alpha(records_from_steps(list(steps)))
+
+
+def _alpha(records: Sequence[StepRecord]) -> tuple[tuple[float, ...], tuple[int, ...]]:
+    trials, wins = per_depth_counts([r.accepted for r in records], [r.extendable for r in records])
     return tuple(w / t for w, t in zip(wins, trials)), tuple(trials)
 
 
 def summarize_steps(steps: Sequence[StepTrace], *, strategy: str | None = None, verifier: str | None = None,
-                    n_sequences: int = 0, new_tokens: int | None = None,
-                    wall_time_s: float = 0.0) -> AcceptanceStats:
+                    n_sequences: int = 0, new_tokens: int | None = None, wall_s: float = 0.0) -> AcceptanceStats:
     """Aggregate bare steps into :class:`AcceptanceStats`.
 
     Args:
         steps: the steps (of one strategy).
         strategy, verifier: labels (default: taken from the first step).
-        n_sequences, new_tokens, wall_time_s: sequence-level numbers when known
+        n_sequences, new_tokens, wall_s: sequence-level numbers when known
             (``new_tokens`` defaults to the committed tokens of the steps).
     """
     steps = list(steps)
-    n = len(steps)
-    drafted = sum(s.tree.budget for s in steps)
-    accepted = sum(s.acceptance.accept_length for s in steps)
-    alpha, trials = per_depth_acceptance(steps)
-    length = accepted / n if n else math.nan
+    records = records_from_steps(steps)
+    n = len(records)
+    drafted = sum(r.drafted for r in records)
+    accepted = sum(r.accepted for r in records)
+    rate, length, tau = acceptance_numbers(drafted, accepted, n)
+    alpha, trials = _alpha(records)
     return AcceptanceStats(
         strategy=strategy if strategy is not None else (steps[0].drafter if steps else ""),
         verifier=verifier if verifier is not None else (steps[0].acceptance.rule if steps else ""),
         n_sequences=n_sequences, n_steps=n,
-        new_tokens=new_tokens if new_tokens is not None else accepted + n,
+        new_tokens=new_tokens if new_tokens is not None else sum(r.committed for r in records),
         drafted_tokens=drafted, accepted_tokens=accepted,
-        acceptance_rate=accepted / drafted if drafted else math.nan,
-        acceptance_length=length, tau=length + 1.0,
+        acceptance_rate=rate, acceptance_length=length, tau=tau,
         expected_accept_length=sum(s.expected_accept_length for s in steps) / n if n else math.nan,
         alpha=alpha, alpha_trials=trials,
         draft_time_s=sum(s.draft_time_s for s in steps),
         verify_time_s=sum(s.verify_time_s for s in steps),
-        wall_time_s=wall_time_s,
+        wall_s=wall_s,
     )
 
 
@@ -149,7 +193,7 @@ def summarize(results: Iterable[GenerationResult]) -> tuple[AcceptanceStats, ...
     return tuple(
         summarize_steps([s for r in rs for s in r.steps], strategy=drafter, verifier=verifier,
                         n_sequences=len(rs), new_tokens=sum(r.n_new_tokens for r in rs),
-                        wall_time_s=sum(r.wall_time_s for r in rs))
+                        wall_s=sum(r.wall_s for r in rs))
         for (drafter, verifier), rs in groups.items())
 
 
@@ -167,8 +211,59 @@ def to_records(stats: Iterable[AcceptanceStats]) -> list[dict]:
     return records
 
 
-def to_frame(stats: Iterable[AcceptanceStats]):
+def to_frame(stats: Iterable[AcceptanceStats]) -> pd.DataFrame:
     """A ``pandas.DataFrame`` of :func:`to_records`, one row per strategy."""
-    import pandas as pd
-
     return pd.DataFrame.from_records(to_records(stats))
+
+
+# -- tables of step records -----------------------------------------------------------------------
+
+def label_rows(items: Iterable, **labels) -> list[dict]:
+    """Dataclass items as row dicts with constant ``labels`` first (for tidy tables)."""
+    return [{**labels, **asdict(item)} for item in items]
+
+
+def records_table(records: Sequence[StepRecord], **labels) -> pd.DataFrame:
+    """Records as a tidy table, one row per step, with ``labels`` as constant columns
+    (e.g. ``strategy="chain", budget=8, question_id=3``)."""
+    columns = list(labels) + [f.name for f in fields(StepRecord)]
+    return pd.DataFrame(label_rows(records, **labels), columns=columns)
+
+
+def acceptance_summary(steps: pd.DataFrame, by: Sequence[str]) -> pd.DataFrame:
+    """Acceptance numbers per group of step rows (:func:`records_table`).
+
+    Columns: ``by`` + ``sequences`` (distinct ``question_id``), ``steps``, ``new_tokens``,
+    ``drafted_tokens``, ``accepted_tokens``, ``acceptance_rate``, ``acceptance_length``,
+    ``tau`` (:func:`acceptance_numbers`) and ``mean_depth`` (of the verified trees).
+    """
+    by = list(by)
+    missing = [c for c in by + ["accepted", "drafted", "committed", "depth"] if c not in steps.columns]
+    if missing:
+        raise ValueError(f"step table lacks columns {missing}; build it with records_table")
+    agg = steps.groupby(by, sort=False).agg(
+        sequences=("question_id", "nunique") if "question_id" in steps.columns else ("step", "size"),
+        steps=("step", "size"), new_tokens=("committed", "sum"), drafted_tokens=("drafted", "sum"),
+        accepted_tokens=("accepted", "sum"), mean_depth=("depth", "mean")).reset_index()
+    numbers = [acceptance_numbers(int(d), int(a), int(n))
+               for d, a, n in zip(agg["drafted_tokens"], agg["accepted_tokens"], agg["steps"])]
+    for i, name in enumerate(("acceptance_rate", "acceptance_length", "tau")):
+        agg[name] = pd.Series([x[i] for x in numbers], index=agg.index, dtype=float)
+    return agg[by + ["sequences", "steps", "new_tokens", "drafted_tokens", "accepted_tokens", "acceptance_rate",
+                     "acceptance_length", "tau", "mean_depth"]]
+
+
+def per_depth_table(steps: pd.DataFrame, by: Sequence[str]) -> pd.DataFrame:
+    """Per-depth acceptance alpha_d per group of step rows (:func:`per_depth_counts`).
+
+    Columns: ``by`` + ``depth``, ``trials``, ``accepted``, ``alpha``.
+    """
+    by = list(by)
+    rows = []
+    for key, group in steps.groupby(by, sort=False):
+        key = key if isinstance(key, tuple) else (key,)
+        trials, wins = per_depth_counts(group["accepted"].tolist(), group["extendable"].tolist())
+        rows += [(*key, d + 1, t, w) for d, (t, w) in enumerate(zip(trials, wins))]
+    table = pd.DataFrame(rows, columns=by + ["depth", "trials", "accepted"])
+    table["alpha"] = table["accepted"] / table["trials"]
+    return table.sort_values(by + ["depth"], kind="stable").reset_index(drop=True)

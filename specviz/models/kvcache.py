@@ -5,6 +5,8 @@ draft tree goes through them and what stays in the cache afterwards:
 
 * :func:`forward_tokens` - one forward of new tokens on top of a ``DynamicCache`` with
   explicit position ids and an explicit 4D mask (the tree mask), returning fp32 logits;
+  a masked forward attends with specviz's tree attention (:mod:`specviz.attention.hf`)
+  or, as the reference, with transformers' ``sdpa``;
 * :func:`compact_cache` - after acceptance keep, per batch row, the committed prefix
   plus the accepted path: the path's entries are copied into place right after the
   row's prefix and the cache is narrowed; nothing before the prefix end is touched or
@@ -29,6 +31,9 @@ from typing import Sequence
 
 import torch
 from transformers import DynamicCache
+
+from specviz.attention.hf import ATTENTION_CHOICES, SHARED_KEYS_KWARG, SPECVIZ_ATTENTION, attention_implementation
+from specviz.validate import check_choice
 
 __all__ = [
     "new_cache",
@@ -179,7 +184,8 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 @torch.no_grad()
 def forward_tokens(model, cache: DynamicCache, tokens: torch.Tensor, position_ids: torch.Tensor,
-                   allowed: torch.Tensor | None, logits_to_keep: int = 0) -> torch.Tensor:
+                   allowed: torch.Tensor | None, logits_to_keep: int = 0, *,
+                   attention: str = "specviz") -> torch.Tensor:
     """Run ``model`` on new ``tokens`` after the cached slots; the cache grows by N.
 
     Args:
@@ -191,20 +197,31 @@ def forward_tokens(model, cache: DynamicCache, tokens: torch.Tensor, position_id
             causal attention over the whole cache (every slot valid).
         logits_to_keep: compute logits for only the last this many tokens (0 = all);
             a prefill needs just the last.
+        attention: how a masked forward attends, one of
+            :data:`~specviz.attention.ATTENTION_CHOICES`: ``"specviz"`` (tree attention,
+            bitwise equal to ``"sdpa"`` without its per-head K/V copy), ``"specviz-split"``
+            (the slots every query sees unmasked, the rest masked, merged by log-sum-exp)
+            or ``"sdpa"`` (transformers' own, the reference). The model's implementation
+            is switched for this call only. A forward without a mask keeps the model's own.
 
     Returns:
         ``(B, N, V)`` float32 logits (``(B, logits_to_keep, V)`` when it is set).
     """
+    check_choice("attention", attention, ATTENTION_CHOICES)
     s = cache_length(cache)
     b, n = tokens.shape
     if position_ids.shape != (b, n):
         raise ValueError(f"position_ids must have shape {(b, n)}, got {tuple(position_ids.shape)}")
-    mask = None
-    if allowed is not None:
-        if allowed.shape != (b, n, s + n):
-            raise ValueError(f"mask must have shape {(b, n, s + n)} (cache {s} + new {n}), "
-                             f"got {tuple(allowed.shape)}")
-        mask = additive_mask(allowed, model.dtype)
-    out = model(input_ids=tokens, attention_mask=mask, position_ids=position_ids,
-                past_key_values=cache, use_cache=True, logits_to_keep=logits_to_keep)
+    inputs = dict(input_ids=tokens, position_ids=position_ids, past_key_values=cache, use_cache=True,
+                  logits_to_keep=logits_to_keep)
+    if allowed is None:
+        return model(**inputs).logits.float()
+    if allowed.shape != (b, n, s + n):
+        raise ValueError(f"mask must have shape {(b, n, s + n)} (cache {s} + new {n}), "
+                         f"got {tuple(allowed.shape)}")
+    if attention == "specviz-split":
+        # the leading cache slots that every query of every row may see (the common prefix)
+        inputs[SHARED_KEYS_KWARG] = int(allowed[:, :, :s].all(dim=1).all(dim=0).cumprod(0).sum())
+    with attention_implementation(model, "sdpa" if attention == "sdpa" else SPECVIZ_ATTENTION):
+        out = model(attention_mask=additive_mask(allowed, model.dtype), **inputs)
     return out.logits.float()

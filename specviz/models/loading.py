@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from specviz.models.weights import WEIGHT_MODES, WeightMode, parse_weight_mode, quantize_model, weight_mode_of
+
 __all__ = [
     "BuiltinModel",
     "BUILTIN_MODELS",
@@ -137,13 +139,20 @@ class LoadedModel:
         name: registry name, Hub id or path it was loaded from.
         model: a transformers ``PreTrainedModel`` in eval mode on the CPU.
         tokenizer: the matching tokenizer.
-        dtype: parameter dtype.
+        dtype: parameter dtype (the activation dtype; bf16 for the int8 and int4 modes).
+        weight_mode: name of its :data:`~specviz.models.weights.WEIGHT_MODES` entry; read
+            from the model's layers when not given.
     """
 
     name: str
     model: Any
     tokenizer: Any
     dtype: torch.dtype
+    weight_mode: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.weight_mode is None:
+            self.weight_mode = weight_mode_of(self.model)
 
     @property
     def max_context(self) -> int:
@@ -310,38 +319,49 @@ def _builtin_entry(spec: BuiltinModel, dtype: torch.dtype, root: Path) -> Path:
     return final
 
 
-def load_model(name_or_path: "str | os.PathLike | LoadedModel", dtype: torch.dtype | str = torch.bfloat16,
+def load_model(name_or_path: "str | os.PathLike | LoadedModel", dtype: WeightMode | torch.dtype | str = torch.bfloat16,
                cache: str | os.PathLike | None = None) -> LoadedModel:
     """Load a causal LM and its tokenizer on the CPU, in eval mode.
 
     Args:
         name_or_path: a built-in name (see ``BUILTIN_MODELS``), a local directory, or a
             Hugging Face Hub id (needs network the first time). A ``LoadedModel`` is
-            returned unchanged if its dtype matches, or cast otherwise.
-        dtype: parameter dtype; bf16 (default) is fast on CPUs with bf16 units, fp32 is the
-            reference for exact-equality tests.
+            returned unchanged if its weight mode matches, or converted as a copy otherwise.
+        dtype: a weight mode of :data:`~specviz.models.weights.WEIGHT_MODES` ("fp32",
+            "bf16", "fp16", "fp32-wx", "int8", "int4") or a torch float dtype; bf16 (default)
+            is fast on CPUs with bf16 units, fp32 is the reference for exact-equality tests,
+            int8 and int4 quantize the fp32 weights (small forwards are cheaper on AVX2 CPUs).
         cache: cache directory (default ``$SPECVIZ_CACHE`` or ``~/.cache/specviz``).
 
     Raises:
         ValueError: unknown name that is neither a built-in, a directory nor a loadable id;
-            corrupted data packages.
+            corrupted data packages; unknown weight mode; a ``LoadedModel`` already in an
+            int8/int4/fp32-wx mode asked for another mode.
         FileNotFoundError: a built-in model's data packages are missing (names the pip command).
         PermissionError: the cache directory is not writable.
     """
-    dtype = parse_dtype(dtype)
+    mode = parse_weight_mode(dtype)
+    dtype = mode.activation_dtype
     if isinstance(name_or_path, LoadedModel):
-        if name_or_path.dtype == dtype:
-            return name_or_path
-        return LoadedModel(name_or_path.name, copy.deepcopy(name_or_path.model).to(dtype),
-                           name_or_path.tokenizer, dtype)
+        src = name_or_path
+        if src.weight_mode == mode.name:
+            return src
+        if WEIGHT_MODES[src.weight_mode].convert is not None:
+            raise ValueError(f"model {src.name!r} is in weight mode {src.weight_mode}, which cannot be "
+                             f"converted to {mode.name}; load it again from its name")
+        model = copy.deepcopy(src.model)
+        model = model.to(dtype) if mode.convert is None else quantize_model(model, mode)
+        return LoadedModel(src.name, model, src.tokenizer, dtype, mode.name)
     if not isinstance(name_or_path, (str, os.PathLike)) or not str(name_or_path).strip():
         raise ValueError(f"model must be a built-in name, a directory or a Hub id, got {name_or_path!r}")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     name = str(name_or_path)
+    # Converted modes start from the fp32 weights, the reference they approximate.
+    load_dtype = dtype if mode.convert is None else torch.float32
     if name.lower() in BUILTIN_MODELS:
         spec = BUILTIN_MODELS[name.lower()]
-        source = str(_builtin_entry(spec, dtype, cache_dir(cache)))
+        source = str(_builtin_entry(spec, load_dtype, cache_dir(cache)))
         name = spec.name
     elif Path(name).expanduser().is_dir():
         source = str(Path(name).expanduser())
@@ -351,14 +371,16 @@ def load_model(name_or_path: "str | os.PathLike | LoadedModel", dtype: torch.dty
         source = name
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=load_dtype)
     except OSError as exc:
         raise ValueError(
             f"cannot load model {name!r}: it is not a built-in ({', '.join(BUILTIN_MODELS)}), "
             f"not a local directory, and not loadable as a Hub id ({exc})"
         ) from exc
+    if mode.convert is not None:
+        quantize_model(model, mode)
     model.eval()
-    return LoadedModel(name=name, model=model, tokenizer=tokenizer, dtype=dtype)
+    return LoadedModel(name=name, model=model, tokenizer=tokenizer, dtype=dtype, weight_mode=mode.name)
 
 
 def check_same_tokenizer(target_tok, draft_tok) -> None:
@@ -392,8 +414,10 @@ def check_same_tokenizer(target_tok, draft_tok) -> None:
 
 
 def load_pair(target: "str | LoadedModel" = DEFAULT_TARGET, draft: "str | LoadedModel" = DEFAULT_DRAFT,
-              dtype: torch.dtype | str = torch.bfloat16, cache: str | os.PathLike | None = None) -> ModelPair:
-    """Load a target and a draft model and check that they share a tokenizer.
+              dtype: WeightMode | torch.dtype | str = torch.bfloat16,
+              cache: str | os.PathLike | None = None) -> ModelPair:
+    """Load a target and a draft model in weight mode ``dtype`` (as in :func:`load_model`)
+    and check that they share a tokenizer.
 
     Raises:
         TokenizerMismatchError: the vocabularies or special tokens differ (says which).
@@ -435,11 +459,14 @@ def tiny_tokenizer():
 
 
 def tiny_model(seed: int = 0, n_layers: int = 2, hidden: int = 64, n_heads: int = 4, n_kv_heads: int = 2,
-               dtype: torch.dtype | str = torch.float32, max_context: int = 1024, tokenizer=None) -> LoadedModel:
+               dtype: WeightMode | torch.dtype | str = torch.float32, max_context: int = 1024,
+               tokenizer=None) -> LoadedModel:
     """A random-weight ``Qwen2ForCausalLM`` with :func:`tiny_tokenizer`, for fast tests.
 
     Same architecture family and vocabulary interface as the built-in pair (grouped-query
     attention, rotary positions, tied embeddings), a few hundred thousand parameters.
+    ``dtype`` takes the weight modes of :func:`load_model`; its dimensions (64, 128) suit
+    the int4 kernel's group size of 64.
     """
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -466,15 +493,19 @@ def tiny_model(seed: int = 0, n_layers: int = 2, hidden: int = 64, n_heads: int 
                     param.normal_(0.0, 1.0)
                 elif param.dim() == 2:
                     param.normal_(0.0, 0.05)
-    model = model.to(parse_dtype(dtype)).eval()
-    return LoadedModel(name=f"tiny-qwen2-seed{seed}", model=model, tokenizer=tok, dtype=parse_dtype(dtype))
+    mode = parse_weight_mode(dtype)
+    model = (model.to(mode.activation_dtype) if mode.convert is None else quantize_model(model, mode)).eval()
+    return LoadedModel(name=f"tiny-qwen2-seed{seed}", model=model, tokenizer=tok, dtype=mode.activation_dtype,
+                       weight_mode=mode.name)
 
 
-def tiny_pair(seed: int = 0, noise: float = 0.1, dtype: torch.dtype | str = torch.float32) -> ModelPair:
+def tiny_pair(seed: int = 0, noise: float = 0.1, dtype: WeightMode | torch.dtype | str = torch.float32) -> ModelPair:
     """A tiny target and a draft that is the target with relative Gaussian noise on every
     weight matrix, so the draft's top-1 agrees with the target's often but not always
-    (about two tokens in three at the default ``noise``)."""
-    target = tiny_model(seed=seed, dtype=dtype)
+    (about two tokens in three at the default ``noise``). In an int8/int4/fp32-wx mode
+    both are built in fp32, then converted."""
+    mode = parse_weight_mode(dtype)
+    target = tiny_model(seed=seed, dtype=dtype if mode.convert is None else "fp32")
     draft_model = copy.deepcopy(target.model)
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
@@ -483,4 +514,6 @@ def tiny_pair(seed: int = 0, noise: float = 0.1, dtype: torch.dtype | str = torc
                 p.add_((torch.randn(p.shape, generator=gen) * p.float().std() * noise).to(p.dtype))
     draft = LoadedModel(name=f"tiny-qwen2-seed{seed}-draft", model=draft_model.eval(),
                         tokenizer=target.tokenizer, dtype=target.dtype)
+    if mode.convert is not None:
+        target, draft = load_model(target, mode), load_model(draft, mode)
     return ModelPair(target=target, draft=draft)

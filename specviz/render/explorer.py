@@ -10,9 +10,10 @@ watch the draft trees, their acceptance and the statistics follow.
 Controls: a prompt box, the strategy (chain / static shape / dynamic / n-gram), tree
 width (top-k), depth and budget, temperature, and a step slider that scrubs through
 the generation's steps. Everything drawn comes from :mod:`specviz.render`, the same
-functions the static figures use; this module only maps settings to a drafter
-(:func:`build_drafter`), runs :func:`specviz.decode.speculative_generate`, and keeps
-the results of settings it has seen (so going back is instant).
+functions the static figures use; this module only maps settings to a strategy name of
+:mod:`specviz.draft.registry` (:func:`strategy_spec`), runs
+:func:`specviz.decode.speculative_generate` with the drafter and verifier the registry
+gives for it, and keeps the results of settings it has seen (so going back is instant).
 
 A change that needs new model calls runs in a background thread, so the notebook
 stays responsive; a progress bar counts the generated tokens, and if settings change
@@ -23,20 +24,29 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Callable
 
-from specviz.decode.engine import GenerationResult, StepTrace, speculative_generate
-from specviz.draft.base import Drafter, make_drafter
+from specviz.decode.engine import speculative_generate
+from specviz.decode.records import GenerationResult, StepTrace
+from specviz.draft import registry
+from specviz.draft.base import Drafter
+from specviz.draft.registry import MethodSpec
 from specviz.models.loading import ModelPair, load_pair, tiny_pair
-from specviz.render.figures import figure_mimebundle, mask_figure, stats_html, step_tree_figure, step_view_figure
+from specviz.render import (
+    figure_mimebundle,
+    mask_figure,
+    stats_html,
+    step_tree_figure,
+    step_view_figure,
+)
 from specviz.sampling import SamplingConfig
-from specviz.tree.shapes import TreeShape
+from specviz.validate import check_choice, check_int
 
 __all__ = [
     "STRATEGIES",
     "MODELS",
     "ExplorerSettings",
-    "budgeted_kary",
+    "strategy_spec",
     "build_drafter",
     "verifier_for",
     "run_settings",
@@ -44,8 +54,15 @@ __all__ = [
     "explore",
 ]
 
-#: strategy names shown in the dropdown
-STRATEGIES: tuple[str, ...] = ("chain", "static shape", "dynamic", "n-gram")
+#: the dropdown's strategy labels and the registry name each stands for, given the sliders
+_REGISTRY_NAMES: dict[str, Callable[["ExplorerSettings"], str]] = {
+    "chain": lambda s: f"chain-k{s.depth}",
+    "static shape": lambda s: f"tree-k{s.width}-d{s.depth}-n{s.budget}",
+    "dynamic": lambda s: f"dynamic-k{s.width}-d{s.depth}-n{s.budget}",
+    "n-gram": lambda s: f"ngram-trie-n3-d{s.depth}-b{s.budget}-m{s.width}",
+}
+#: strategy labels shown in the dropdown
+STRATEGIES: tuple[str, ...] = tuple(_REGISTRY_NAMES)
 #: model choices of :func:`explore`: the random tiny pair or the built-in Qwen pair
 MODELS: tuple[str, ...] = ("tiny", "builtin")
 
@@ -54,11 +71,6 @@ _WIDTH_RANGE = (1, 8)
 _DEPTH_RANGE = (1, 12)
 _BUDGET_RANGE = (1, 128)
 _TEMPERATURE_RANGE = (0.0, 1.5)
-
-
-def _check_int(name: str, value: Any, lo: int, hi: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise ValueError(f"{name} must be an int in [{lo}, {hi}], got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -88,13 +100,12 @@ class ExplorerSettings:
     def __post_init__(self) -> None:
         if not isinstance(self.prompt, str) or not self.prompt.strip():
             raise ValueError(f"prompt must be non-empty text, got {self.prompt!r}")
-        if self.strategy not in STRATEGIES:
-            raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
-        _check_int("width", self.width, *_WIDTH_RANGE)
-        _check_int("depth", self.depth, *_DEPTH_RANGE)
-        _check_int("budget", self.budget, *_BUDGET_RANGE)
-        _check_int("max_new_tokens", self.max_new_tokens, 1, 4096)
-        _check_int("seed", self.seed, 0, 2**63 - 1)
+        check_choice("strategy", self.strategy, STRATEGIES)
+        check_int("width", self.width, *_WIDTH_RANGE)
+        check_int("depth", self.depth, *_DEPTH_RANGE)
+        check_int("budget", self.budget, *_BUDGET_RANGE)
+        check_int("max_new_tokens", self.max_new_tokens, 1, 4096)
+        check_int("seed", self.seed, 0, 2**63 - 1)
         lo, hi = _TEMPERATURE_RANGE
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) \
                 or not lo <= self.temperature <= hi:
@@ -112,45 +123,21 @@ class ExplorerSettings:
         return replace(self, temperature=temperature)
 
 
-def budgeted_kary(width: int, depth: int, budget: int) -> TreeShape:
-    """The first ``budget`` nodes, breadth first, of the full ``width``-ary tree of ``depth``:
-    the top-``width`` candidates at every node, shallow levels filled first."""
-    _check_int("width", width, 1, 2**31)
-    _check_int("depth", depth, 1, 2**31)
-    _check_int("budget", budget, 1, 2**31)
-    parents, ranks, level_of = [-1], [0], [0]
-    u = 0
-    while len(parents) <= budget and u < len(parents):
-        if level_of[u] < depth:
-            for r in range(width):
-                if len(parents) > budget:
-                    break
-                parents.append(u)
-                ranks.append(r)
-                level_of.append(level_of[u] + 1)
-        u += 1
-    return TreeShape(tuple(parents), tuple(ranks))
+def strategy_spec(settings: ExplorerSettings) -> MethodSpec:
+    """The registry strategy the settings describe (see :data:`STRATEGIES`)."""
+    return registry.parse_strategy(_REGISTRY_NAMES[settings.strategy](settings))
 
 
 def build_drafter(settings: ExplorerSettings, pair: ModelPair) -> Drafter:
-    """The drafter the settings describe (through :func:`specviz.drafters.make_drafter`)."""
-    s = settings
-    if s.strategy == "chain":
-        return make_drafter("chain", draft=pair.draft, k=s.depth)
-    if s.strategy == "static shape":
-        return make_drafter("tree", draft=pair.draft, shape=budgeted_kary(s.width, s.depth, s.budget))
-    if s.strategy == "dynamic":
-        return make_drafter("dynamic", draft=pair.draft, topk=s.width, depth=s.depth, budget=s.budget)
-    return make_drafter("ngram_trie", n=3, depth=s.depth, budget=s.budget, max_matches=s.width)
+    """The drafter the settings describe, built by the registry."""
+    return registry.build_drafter(strategy_spec(settings), pair)
 
 
 def verifier_for(settings: ExplorerSettings) -> str:
-    """A lossless verification rule that matches how the strategy drafts siblings: greedy
-    at temperature 0, Leviathan's chain rule for chains, deterministic top-k siblings
+    """The registry's lossless verification rule for the settings' strategy: greedy at
+    temperature 0, Leviathan's chain rule for chains, deterministic top-k siblings
     (rule D) for the trees."""
-    if settings.temperature == 0:
-        return "greedy"
-    return "chain" if settings.strategy == "chain" else "topk"
+    return strategy_spec(settings).verifier(float(settings.temperature))
 
 
 class _ReportingDrafter(Drafter):

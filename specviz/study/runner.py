@@ -32,179 +32,39 @@ environment it was started from.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from specviz.locations import NOTEBOOKS_DIR, OUTPUTS_DIR
+from specviz.study.notebooks import clean_notebook, export_html
+from specviz.study.presets import NotebookRun, Preset, StudyConfigError, get_preset
 from specviz.study.store import atomic_write_text
+from specviz.validate import check_int
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = [
-    "NotebookRun",
-    "Preset",
-    "PRESETS",
-    "StudyConfigError",
     "NotebookFailedError",
     "NotebookOutcome",
     "StudyResult",
-    "get_preset",
     "declared_parameters",
     "notebook_parameters",
     "run_study",
-    "export_html",
-    "clean_notebook",
     "refresh_committed",
     "setup_notebook",
-    "main",
 ]
 
 KERNEL_NAME = "python3"
 
 
-class StudyConfigError(ValueError):
-    """A study that cannot start: unknown preset or notebook, bad prompt file or limit,
-    a preset parameter the notebook does not declare, or the wrong Jupyter kernel."""
-
-
 class NotebookFailedError(RuntimeError):
     """A notebook raised while it ran; the executed copy shows the traceback."""
-
-
-@dataclass(frozen=True)
-class NotebookRun:
-    """One notebook of a preset and the papermill parameters it runs with.
-
-    Attributes:
-        notebook: file name under ``notebooks/``, e.g. ``"05_tree_attention_timing.ipynb"``.
-        parameters: values for the notebook's ``parameters`` cell (only names the
-            notebook declares; the pipeline adds ``out_dir``, ``prompts_path`` and
-            ``prompt_limit`` itself).
-    """
-
-    notebook: str
-    parameters: Mapping[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if not self.notebook.endswith(".ipynb") or "/" in self.notebook:
-            raise ValueError(f"notebook must be a file name ending in .ipynb, got {self.notebook!r}")
-        clash = sorted(set(self.parameters) & {"out_dir"})
-        if clash:
-            raise ValueError(f"{self.notebook}: {clash} is set by the pipeline, not by presets")
-        object.__setattr__(self, "parameters", MappingProxyType(dict(self.parameters)))
-
-    @property
-    def stem(self) -> str:
-        """File name without ``.ipynb``, e.g. ``"05_tree_attention_timing"``."""
-        return self.notebook[: -len(".ipynb")]
-
-    @property
-    def number(self) -> str:
-        """The two-digit prefix, e.g. ``"05"``."""
-        return self.notebook.split("_", 1)[0]
-
-
-@dataclass(frozen=True)
-class Preset:
-    """A named study configuration: which notebooks run, in order, with what parameters.
-
-    Attributes:
-        name: the ``--preset`` value.
-        description: one line for ``--list`` and the README.
-        runs: the notebooks in execution order.
-        report: stem of the notebook exported as ``report.html`` (None: no report).
-    """
-
-    name: str
-    description: str
-    runs: tuple[NotebookRun, ...]
-    report: str | None = None
-
-    def __post_init__(self) -> None:
-        if not self.runs:
-            raise ValueError(f"preset {self.name!r} runs no notebooks")
-        names = [r.notebook for r in self.runs]
-        if len(set(names)) != len(names):
-            raise ValueError(f"preset {self.name!r} lists a notebook twice: {names}")
-        if self.report is not None and self.report not in {r.stem for r in self.runs}:
-            raise ValueError(f"preset {self.name!r}: report notebook {self.report!r} is not among its runs")
-
-
-_QUICKSTART = "01_quickstart.ipynb"
-_TREES = "02_trees_masks_attention.ipynb"
-_ACCEPTANCE = "03_chain_tree_dynamic.ipynb"
-_RULES = "04_verification_rules.ipynb"
-_TIMING = "05_tree_attention_timing.ipynb"
-_SPEED = "06_end_to_end_speed.ipynb"
-_REPORT = "08_report.ipynb"
-
-#: The presets, by name. ``smoke`` is the smallest run of every notebook (the tests use
-#: it), ``quick`` the default study, ``full`` everything at full size. The report
-#: notebook comes last and reads the tables the others wrote.
-PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
-    Preset("smoke", "every notebook at its smallest size: checks an installation in a few minutes", (
-        NotebookRun(_QUICKSTART, {"max_new_tokens": 8, "tree_branching": [2, 1]}),
-        NotebookRun(_TREES),
-        NotebookRun(_ACCEPTANCE, {"prompt_limit": 1, "max_new_tokens": 8, "budgets": [4], "layer_sweep": [],
-                                  "cross_check": False, "sampled_budget": 4, "sampled_stride": 8}),
-        NotebookRun(_RULES, {"trials": 100, "expected_trees": 10, "real_max_new_tokens": 8,
-                             "real_temperatures": [0.0, 1.0], "real_tree_branching": [2, 1],
-                             "real_chain_length": 2}),
-        NotebookRun(_TIMING, {"batch_sizes": [1], "prefix_lens": [16], "budgets": [8],
-                              "warmup": 0, "repeats": 1}),
-        NotebookRun(_SPEED, {"max_new_tokens": 8, "methods": ["chain-k2", "ngram"], "sequoia_budgets": [4],
-                             "cost_sizes": [1, 4], "cost_prefix": 32, "cost_repeats": 1, "plan_budgets": [1, 2, 4],
-                             "plan_depths": [1, 2], "probe_dtypes": []}),
-        NotebookRun(_REPORT),
-    ), report="08_report"),
-    Preset("quick", "the default study, sized to finish in under 20 minutes on a 2-core CPU", (
-        NotebookRun(_QUICKSTART),
-        NotebookRun(_TREES),
-        NotebookRun(_ACCEPTANCE, {"prompt_limit": 7, "max_new_tokens": 32, "budgets": [4, 8, 16, 32, 64],
-                                  "cross_check": False, "sampled_stride": 16}),
-        NotebookRun(_RULES, {"trials": 2000, "expected_trees": 100, "prompt_limit": 2, "real_max_new_tokens": 32,
-                             "real_stride": 16}),
-        NotebookRun(_TIMING, {"batch_sizes": [1, 2, 4], "prefix_lens": [128, 512, 1024],
-                              "budgets": [4, 8, 16, 32, 64], "warmup": 2, "repeats": 5}),
-        NotebookRun(_SPEED, {"prompt_limit": 2, "max_new_tokens": 32,
-                             "methods": ["chain-k4", "dynamic-k4-d5-n16", "ngram"],
-                             "sequoia_budgets": [8], "cost_sizes": [1, 2, 4, 8, 16, 64]}),
-        NotebookRun(_REPORT),
-    ), report="08_report"),
-    Preset("full", "every prompt and budget, longer generations, more repeats and trials", (
-        NotebookRun(_QUICKSTART, {"max_new_tokens": 128}),
-        NotebookRun(_TREES),
-        NotebookRun(_ACCEPTANCE, {"prompt_limit": 0, "max_new_tokens": 128, "budgets": [4, 8, 16, 32, 64],
-                                  "dynamic_depth": 6, "sampled_prompts": 7, "sampled_stride": 16}),
-        NotebookRun(_RULES, {"trials": 10000, "expected_trees": 400, "prompt_limit": 7, "real_max_new_tokens": 128,
-                             "real_stride": 16}),
-        NotebookRun(_TIMING, {"batch_sizes": [1, 2, 4, 8], "prefix_lens": [128, 512, 1024, 2048],
-                              "budgets": [4, 8, 16, 32, 64, 128], "warmup": 3, "repeats": 10}),
-        NotebookRun(_SPEED, {"prompt_limit": 7, "max_new_tokens": 128,
-                             "methods": ["chain-k2", "chain-k4", "chain-k8", "tree-2x2x1", "dynamic-k4-d5-n16",
-                                         "adaptive", "ngram", "ngram-trie", "merged", "self-spec-L24-k2"],
-                             "sequoia_budgets": [4, 8, 16, 32], "cost_sizes": [1, 2, 4, 8, 16, 32, 64, 128],
-                             "cost_repeats": 3}),
-        NotebookRun(_REPORT),
-    ), report="08_report"),
-)})
-
-
-def get_preset(name: str | Preset) -> Preset:
-    """The preset called ``name`` (a :class:`Preset` is returned as it is)."""
-    if isinstance(name, Preset):
-        return name
-    if name not in PRESETS:
-        raise StudyConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
-    return PRESETS[name]
 
 
 @dataclass(frozen=True)
@@ -264,9 +124,7 @@ def _check_prompts(prompts: str | Path | None) -> Path | None:
 def _check_limit(limit: int | None) -> int | None:
     if limit is None:
         return None
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise StudyConfigError(f"limit must be an int >= 1 (prompts per run), got {limit!r}")
-    return limit
+    return check_int("limit", limit, error=StudyConfigError, note="(prompts per run)")
 
 
 def notebook_parameters(run: NotebookRun, declared: Mapping[str, Any], out_dir: Path, *,
@@ -330,76 +188,6 @@ def _check_kernel() -> None:
             f"interpreter ({sys.executable}); remove or fix that kernelspec so the notebooks run "
             "in the environment that has specviz"
         )
-
-
-# -- notebook files ------------------------------------------------------------------------
-
-def clean_notebook(path: str | Path) -> Path:
-    """Strip per-run noise from a notebook in place: papermill's notebook and cell
-    metadata and execution timestamps. Outputs, tags and execution counts stay.
-
-    Returns:
-        The path.
-    """
-    import nbformat
-
-    path = Path(path)
-    nb = nbformat.read(path, as_version=4)
-    nb.metadata.pop("papermill", None)
-    for cell in nb.cells:
-        for key in ("papermill", "execution", "ExecuteTime"):
-            cell.metadata.pop(key, None)
-    atomic_write_text(path, nbformat.writes(nb) + "\n")
-    return path
-
-
-def _inline_plotly(nb) -> None:
-    """Give every plotly output an HTML rendering, plotly.js inlined once (no CDN)."""
-    import plotly.io as pio
-
-    first = True
-    for cell in nb.cells:
-        for out in cell.get("outputs", []):
-            data = out.get("data", {})
-            fig = data.get("application/vnd.plotly.v1+json")
-            if fig is None or "text/html" in data:
-                continue
-            data["text/html"] = pio.to_html(dict(fig), include_plotlyjs=first, full_html=False,
-                                            config={"displaylogo": False})
-            first = False
-
-
-# The lab template loads require.js from a CDN; with it present, the inlined plotly.js would
-# register itself as an anonymous AMD module instead of defining window.Plotly.
-_NO_REQUIREJS_TEMPLATE = (
-    "{%- extends 'lab/index.html.j2' -%}\n"
-    "{%- block html_head_js_requirejs -%}{%- endblock html_head_js_requirejs -%}\n"
-)
-
-
-def export_html(notebook: str | Path, dest: str | Path, *, hide_code: bool = False) -> Path:
-    """Export an executed notebook to one standalone HTML file that works offline.
-
-    Args:
-        notebook: the executed ``.ipynb``.
-        dest: the ``.html`` file to write (atomically).
-        hide_code: leave code cells out (for the report).
-    """
-    import jinja2
-    import nbformat
-    from nbconvert import HTMLExporter
-
-    nb = nbformat.read(Path(notebook), as_version=4)
-    _inline_plotly(nb)
-    exporter = HTMLExporter(
-        extra_loaders=[jinja2.DictLoader({"specviz_offline.html.j2": _NO_REQUIREJS_TEMPLATE})],
-        template_file="specviz_offline.html.j2",
-    )
-    exporter.exclude_input = hide_code
-    exporter.exclude_input_prompt = hide_code
-    exporter.exclude_output_prompt = hide_code
-    body, _ = exporter.from_notebook_node(nb)
-    return atomic_write_text(dest, body)
 
 
 # The kernel's own log goes to this terminal; below CRITICAL it only says that a local
@@ -478,7 +266,7 @@ def run_study(preset: str | Preset = "quick", *, out_dir: str | Path | None = No
             limit, preset parameter or kernel.
         NotebookFailedError: when a notebook raises (earlier notebooks stay finished).
     """
-    log = log or _log
+    log = log or log_line
     spec = get_preset(preset)
     runs = _select(spec.runs, only)
     prompts_path = _check_prompts(prompts)
@@ -576,7 +364,7 @@ def refresh_committed(only: Sequence[str] | None = None, *, progress: bool = Tru
     Args:
         only: notebook numbers or stems (default: every ``NN_*.ipynb`` in ``notebooks/``).
     """
-    log = log or _log
+    log = log or log_line
     present = sorted(p.name for p in NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
     runs = _select([NotebookRun(name) for name in present], only)
     _check_kernel()
@@ -595,6 +383,11 @@ def refresh_committed(only: Sequence[str] | None = None, *, progress: bool = Tru
         log(f"[refresh] {run.notebook}: {time.perf_counter() - start:.0f} s")
         written.append(src)
     return written
+
+
+def log_line(message: str) -> None:
+    # Flushed, so progress lines and papermill's progress bar (stderr) interleave in order.
+    print(message, flush=True)
 
 
 # -- inside a notebook ---------------------------------------------------------------------
@@ -624,9 +417,7 @@ def setup_notebook(seed: int, *, threads: int | None = None) -> torch.Generator:
     from specviz.sampling import make_generator
 
     if threads is not None:
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-            raise ValueError(f"threads must be an int >= 1 or None, got {threads!r}")
-        torch.set_num_threads(threads)
+        torch.set_num_threads(check_int("threads", threads, note="or None"))
     torch.manual_seed(seed)
     torch.set_printoptions(precision=3, sci_mode=False)
     pd.set_option("display.precision", 3)
@@ -635,71 +426,3 @@ def setup_notebook(seed: int, *, threads: int | None = None) -> torch.Generator:
     pio.renderers.default = "plotly_mimetype"
     transformers_logging.disable_progress_bar()
     return make_generator(seed)
-
-
-# -- command line --------------------------------------------------------------------------
-
-def _log(message: str) -> None:
-    # Flushed, so progress lines and papermill's progress bar (stderr) interleave in order.
-    print(message, flush=True)
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m specviz.study",
-        description="Run the specviz study notebooks headlessly with papermill. Re-running the "
-                    "same command skips finished notebooks and resumes interrupted ones.",
-    )
-    p.add_argument("--preset", choices=list(PRESETS), default="quick",
-                   help="study size (default: quick); --list shows what each runs")
-    p.add_argument("--prompts", metavar="FILE", help="Spec-Bench-format .jsonl prompt file "
-                   "(default: the built-in data/prompts.jsonl)")
-    p.add_argument("--limit", metavar="N", type=int, help="prompts per run, picked round-robin over categories")
-    p.add_argument("--out", metavar="DIR", help="run directory (default: outputs/<preset>)")
-    p.add_argument("--only", metavar="NN[,NN...]", help="run only these notebooks, e.g. 02,05")
-    p.add_argument("--force", action="store_true", help="re-run notebooks that already finished")
-    p.add_argument("--no-progress", action="store_true", help="no per-cell progress bar")
-    p.add_argument("--list", action="store_true", help="list the presets and notebooks, then exit")
-    p.add_argument("--refresh-committed", action="store_true",
-                   help="re-execute notebooks/ in place with their defaults (what nbval checks)")
-    return p
-
-
-def _list(log: Callable[[str], None]) -> None:
-    for preset in PRESETS.values():
-        log(f"{preset.name}: {preset.description}")
-        for run in preset.runs:
-            params = ", ".join(f"{k}={v}" for k, v in run.parameters.items()) or "defaults"
-            log(f"  {run.notebook}: {params}")
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point; returns the exit status."""
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if args.limit is not None and args.limit < 1:
-        parser.error(f"--limit must be >= 1, got {args.limit}")
-    only = [s for s in args.only.split(",") if s.strip()] if args.only else None
-    try:
-        if args.list:
-            _list(_log)
-        elif args.refresh_committed:
-            refresh_committed(only, progress=not args.no_progress)
-        else:
-            run_study(args.preset, out_dir=args.out, prompts=args.prompts, limit=args.limit, only=only,
-                      force=args.force, progress=not args.no_progress)
-    except StudyConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except NotebookFailedError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("\ninterrupted: finished notebooks and finished units are kept; run the same "
-              "command again to resume", file=sys.stderr)
-        return 130
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -10,7 +10,9 @@ Node 0 is the *root*: the last committed token, not a draft. Every other node
 has a parent with a smaller index, so ``range(n_nodes)`` is a topological order.
 Depths, root-to-leaf paths, ancestor masks, position ids and padded batches are
 derived from ``parents`` by the small pure functions below; nothing derived is
-stored beside it.
+stored beside it. The tree algorithms that drafters, verifiers and replays share live
+here too: children lists (optionally trimmed to a depth), the greedy walk
+(:func:`greedy_walk`) and padded batch masks (:func:`pad_masks`).
 
 Optional per-node draft information (used by the sampling verifiers and by the
 renderers):
@@ -29,20 +31,24 @@ B = batch size, P = committed prefix length (KV cache length).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
+
+from specviz.tree.shapes import TreeShape
 
 __all__ = [
     "DraftTree",
     "depths",
     "children_lists",
+    "greedy_walk",
     "leaves",
     "root_to_leaf_paths",
     "path_to",
     "ancestor_mask",
     "position_ids",
     "tree_attention_mask",
+    "pad_masks",
     "TreeBatch",
     "pad_trees",
 ]
@@ -180,8 +186,11 @@ class DraftTree:
 # -- derived quantities (pure functions of `parents`) ---------------------------------
 
 def _parents_of(tree_or_parents) -> torch.Tensor:
+    """Parents of a :class:`DraftTree`, a :class:`~specviz.tree.shapes.TreeShape` or a parent vector."""
     if isinstance(tree_or_parents, DraftTree):
         return tree_or_parents.parents
+    if isinstance(tree_or_parents, TreeShape):
+        return _as_long_vector("parents", tree_or_parents.parents)
     return _as_long_vector("parents", tree_or_parents)
 
 
@@ -195,13 +204,60 @@ def depths(tree_or_parents) -> torch.Tensor:
     return out
 
 
-def children_lists(tree_or_parents) -> list[list[int]]:
-    """``children[u]`` = node indices whose parent is ``u``, in index order."""
-    parents = _parents_of(tree_or_parents).tolist()
-    children: list[list[int]] = [[] for _ in parents]
-    for i in range(1, len(parents)):
-        children[parents[i]].append(i)
+def children_lists(tree_or_parents, max_depth: int | None = None) -> list[list[int]]:
+    """``children[u]`` = node indices whose parent is ``u``, in index order.
+
+    Args:
+        tree_or_parents: a tree, a shape or a parent vector.
+        max_depth: leave out nodes deeper than this (a tree trimmed to the room a step
+            has left); None keeps every node.
+    """
+    parents = _parents_of(tree_or_parents)
+    pl = parents.tolist()
+    keep = [True] * len(pl) if max_depth is None else (depths(parents) <= max_depth).tolist()
+    children: list[list[int]] = [[] for _ in pl]
+    for i in range(1, len(pl)):
+        if keep[i]:
+            children[pl[i]].append(i)
     return children
+
+
+def greedy_walk(children: Sequence[Sequence[int]], labels: Sequence[int], wanted: Callable[[int, int], int],
+                on_try: Callable[[int, bool], None] | None = None) -> tuple[list[int], int]:
+    """The accepted path of greedy verification, for any source of the target's choice.
+
+    From the root, at each reached node ``u`` at depth ``d``, the walk takes the first
+    child (in ``children[u]`` order) whose label is ``wanted(u, d)`` and stops at the
+    first node where no child has it. Labels are tokens when ``wanted`` gives the
+    target's argmax or a recorded continuation, or candidate ranks when it gives the
+    rank of the target's token in the draft (a static shape).
+
+    Args:
+        children: :func:`children_lists` of the tree.
+        labels: one label per node.
+        wanted: ``(node, depth) -> label`` the target picks after ``node``.
+        on_try: called as ``on_try(child, hit)`` for every child compared, in order.
+
+    Returns:
+        ``(path, last)``: the accepted nodes (root excluded) and the label wanted at the
+        node where the walk stopped (the greedy bonus token when labels are tokens).
+    """
+    path: list[int] = []
+    u = 0
+    while True:
+        want = wanted(u, len(path))
+        chosen = None
+        for s in children[u]:
+            hit = labels[s] == want
+            if on_try is not None:
+                on_try(s, hit)
+            if hit:
+                chosen = s
+                break
+        if chosen is None:
+            return path, want
+        path.append(chosen)
+        u = chosen
 
 
 def leaves(tree_or_parents) -> list[int]:
@@ -290,6 +346,35 @@ class TreeBatch:
     prefix_lens: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
 
 
+def pad_masks(masks: Sequence[torch.Tensor], prefix_lens: Sequence[int]) -> torch.Tensor:
+    """Batch per-row attention masks of new tokens over a right-padded KV cache.
+
+    Row ``b`` feeds ``n_b`` new tokens after ``prefix_lens[b]`` cached slots; its own
+    mask ``masks[b]`` is ``(n_b, prefix_lens[b] + n_b)`` (cache slots, then new tokens).
+
+    Returns:
+        ``(B, Nmax, Pmax + Nmax)`` bool: row b's cache slots at ``[0, prefix_lens[b])``,
+        its new tokens at ``[Pmax, Pmax + n_b)``; padding query rows attend only to
+        themselves, so their (ignored) outputs stay finite.
+    """
+    if len(masks) != len(prefix_lens):
+        raise ValueError(f"got {len(masks)} masks but {len(prefix_lens)} prefix lengths")
+    sizes = [int(m.shape[0]) for m in masks]
+    nmax = max(sizes)
+    pmax = max(int(p) for p in prefix_lens)
+    out = torch.zeros(len(masks), nmax, pmax + nmax, dtype=torch.bool)
+    for r, (own, n, p) in enumerate(zip(masks, sizes, prefix_lens)):
+        p = int(p)
+        if tuple(own.shape) != (n, p + n):
+            raise ValueError(f"mask {r} must have shape ({n}, {p + n}) for {n} new tokens after {p} cached, "
+                             f"got {tuple(own.shape)}")
+        out[r, :n, :p] = own[:, :p]
+        out[r, :n, pmax:pmax + n] = own[:, p:]
+        idx = torch.arange(n, nmax)
+        out[r, idx, pmax + idx] = True
+    return out
+
+
 def pad_trees(trees: Sequence[DraftTree], prefix_lens: Sequence[int], pad_token: int = 0) -> TreeBatch:
     """Pad ``trees`` (one per batch row) to a common size and build their batched mask.
 
@@ -309,10 +394,8 @@ def pad_trees(trees: Sequence[DraftTree], prefix_lens: Sequence[int], pad_token:
         raise ValueError(f"got {len(trees)} trees but {len(prefix_lens)} prefix lengths")
     b = len(trees)
     nmax = max(t.n_nodes for t in trees)
-    pmax = max(int(p) for p in prefix_lens)
     tokens = torch.full((b, nmax), pad_token, dtype=torch.long)
     pos = torch.zeros(b, nmax, dtype=torch.long)
-    mask = torch.zeros(b, nmax, pmax + nmax, dtype=torch.bool)
     valid = torch.zeros(b, nmax, dtype=torch.bool)
     for r, (tree, p) in enumerate(zip(trees, prefix_lens)):
         n = tree.n_nodes
@@ -320,11 +403,8 @@ def pad_trees(trees: Sequence[DraftTree], prefix_lens: Sequence[int], pad_token:
         pr = position_ids(tree, int(p))
         pos[r, :n] = pr
         pos[r, n:] = pr.max()
-        mask[r, :n, :p] = True
-        mask[r, :n, pmax:pmax + n] = ancestor_mask(tree)
-        idx = torch.arange(n, nmax)
-        mask[r, idx, pmax + idx] = True  # padding rows see only themselves
         valid[r, :n] = True
+    mask = pad_masks([tree_attention_mask(t, int(p)) for t, p in zip(trees, prefix_lens)], prefix_lens)
     return TreeBatch(tokens, pos, mask, valid,
                      torch.tensor([t.n_nodes for t in trees], dtype=torch.long),
                      torch.tensor([int(p) for p in prefix_lens], dtype=torch.long))

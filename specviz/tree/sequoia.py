@@ -1,6 +1,6 @@
 """Sequoia's dynamic program: the static tree with the most expected tokens per step.
 
-Model (Sequoia, Chen et al. 2024; SPECDEC.md section 3): a node's ``k``-th ranked
+Model (Sequoia, Chen et al. 2024): a node's ``k``-th ranked
 child (rank ``k - 1``) is the one the verifier accepts with probability ``a_k``,
 whatever the node and its depth, and independently of everything else. A
 shape's expected tokens per step is then
@@ -36,6 +36,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from specviz.tree.shapes import TreeShape, from_paths
+from specviz.validate import check_int
 
 __all__ = [
     "SequoiaResult",
@@ -114,11 +115,6 @@ def _check_acceptance(acceptance: Sequence[float]) -> np.ndarray:
             f"got sum {a.sum():.6f} for {a.tolist()}"
         )
     return a
-
-
-def _check_count(name: str, value: int, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
 
 
 def _capacity(k: int, depth: int) -> int:
@@ -200,8 +196,8 @@ def sequoia_tree(acceptance: Sequence[float], budget: int, max_depth: int) -> Se
             that cannot fit in ``max_depth`` levels of ``K`` children.
     """
     a = _check_acceptance(acceptance)
-    _check_count("budget", budget, 0)
-    _check_count("max_depth", max_depth, 0)
+    check_int("budget", budget, 0)
+    check_int("max_depth", max_depth, 0)
     return _Table(a, budget, max_depth).result(budget, max_depth)
 
 
@@ -257,9 +253,9 @@ def best_tree_for_hardware(
     if not budgets or not depths:
         raise ValueError(f"budgets and depths must be non-empty, got {budgets} and {depths}")
     for n in budgets:
-        _check_count("budgets entry", n, 0)
+        check_int("budgets entry", n, 0)
     for d in depths:
-        _check_count("depths entry", d, 0)
+        check_int("depths entry", d, 0)
     if not (t_draft >= 0):
         raise ValueError(f"t_draft must be >= 0 seconds, got {t_draft}")
     table = _Table(a, max(budgets), max(depths))
@@ -314,8 +310,8 @@ def positional_acceptance_from_counts(accepted_at_rank: Sequence[int], reached: 
     if not counts:
         raise ValueError("accepted_at_rank needs at least one entry")
     for k, c in enumerate(counts):
-        _check_count(f"accepted_at_rank[{k}]", c, 0)
-    _check_count("reached", reached, 1)
+        check_int(f"accepted_at_rank[{k}]", c, 0)
+    check_int("reached", reached, 1)
     if sum(counts) > reached:
         raise ValueError(
             f"{sum(counts)} acceptances counted over only {reached} reached parents; "

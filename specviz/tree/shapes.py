@@ -3,9 +3,9 @@
 A :class:`TreeShape` says, for every node, who its parent is and which of the
 parent's ranked draft candidates it takes (rank 0 = the draft's top-1). A drafter
 fills a shape with tokens to get a :class:`specviz.tree.DraftTree`; the Sequoia
-dynamic program (:mod:`specviz.sequoia`) returns one; renderers draw one.
+dynamic program (:mod:`specviz.tree.sequoia`) returns one; renderers draw one.
 
-Constructors for the shapes in common use (SPECDEC.md section 3):
+Constructors for the shapes in common use:
 
 * :func:`chain` - ``k`` nodes in a line (classic speculative decoding);
 * :func:`kary` - every node up to ``depth`` takes the top ``width`` candidates;
@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import torch
+
+from specviz.validate import check_int
 
 __all__ = ["TreeShape", "chain", "kary", "expansion", "from_paths"]
 
@@ -145,14 +147,9 @@ def _int_tuple(name: str, values: Iterable[int]) -> tuple[int, ...]:
     return out
 
 
-def _check_count(name: str, value: int, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-
-
 def chain(k: int) -> TreeShape:
     """``k`` draft nodes in a line, each the top-1 candidate of the one before."""
-    _check_count("k", k, 0)
+    check_int("k", k, 0)
     return TreeShape((-1,) + tuple(range(k)), (0,) * (k + 1))
 
 
@@ -161,7 +158,7 @@ def expansion(branching: Sequence[int]) -> TreeShape:
     ``branching[d]`` candidates, e.g. ``[2, 2, 1]`` gives 2 + 4 + 4 = 10 draft nodes."""
     branching = list(branching)
     for d, b in enumerate(branching):
-        _check_count(f"branching[{d}]", b, 1)
+        check_int(f"branching[{d}]", b, 1)
     parents, ranks = [-1], [0]
     frontier = [0]
     for b in branching:
@@ -177,8 +174,8 @@ def expansion(branching: Sequence[int]) -> TreeShape:
 
 def kary(width: int, depth: int) -> TreeShape:
     """Full ``width``-ary tree of the given ``depth`` (``width**1 + ... + width**depth`` nodes)."""
-    _check_count("width", width, 1)
-    _check_count("depth", depth, 0)
+    check_int("width", width, 1)
+    check_int("depth", depth, 0)
     return expansion([width] * depth)
 
 

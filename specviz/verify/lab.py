@@ -32,10 +32,17 @@ from typing import Mapping, Sequence
 import pandas as pd
 import torch
 
-from specviz.sampling import SamplingConfig, make_generator, probs_from_logits
+from specviz.sampling import (
+    SamplingConfig,
+    check_sibling_sampling,
+    make_generator,
+    probs_from_logits,
+    siblings_sampled,
+)
 from specviz.tree.shapes import TreeShape
 from specviz.tree.core import DraftTree, path_to
-from specviz.verify.rules import SIBLING_SAMPLING, expected_accept_length, get_verifier
+from specviz.validate import check_int
+from specviz.verify.rules import expected_accept_length, get_verifier
 
 __all__ = [
     "TOY_WORDS",
@@ -182,11 +189,10 @@ def draft_tree(draft: ToyModel, shape: TreeShape, config: SamplingConfig, siblin
     Returns:
         A tree with ``q``, ``ranks`` and ``draft_probs`` (``(N, V)``) filled in.
     """
-    if sibling_sampling not in SIBLING_SAMPLING:
-        raise ValueError(f"sibling_sampling must be one of {SIBLING_SAMPLING}, got {sibling_sampling!r}")
+    check_sibling_sampling(sibling_sampling)
     if shape.depth > draft.max_depth:
         raise ValueError(f"shape has depth {shape.depth} but the toy model covers only {draft.max_depth}")
-    deterministic = config.greedy or sibling_sampling in ("greedy", "topk")
+    deterministic = not siblings_sampled(config, sibling_sampling)
     children: list[list[int]] = [[] for _ in range(shape.n_nodes)]
     for i in range(1, shape.n_nodes):
         children[shape.parents[i]].append(i)
@@ -294,8 +300,7 @@ def check_rule(pair: ToyPair, shape: TreeShape, rule: str, config: SamplingConfi
         sibling_sampling: how siblings are drafted; default: the way ``rule`` requires.
             Pass another mode to see what drafting the wrong way does.
     """
-    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
-        raise ValueError(f"trials must be an int >= 1, got {trials!r}")
+    check_int("trials", trials)
     verifier = get_verifier(rule)
     mode = verifier.sibling_sampling if sibling_sampling is None else sibling_sampling
     g_draft = make_generator(seed)
@@ -351,8 +356,7 @@ def expected_acceptance_table(pair: ToyPair, shapes: Mapping[str, TreeShape], ru
     Returns:
         Columns ``shape, budget, rule, temperature, expected_accept_length, expected_tau``.
     """
-    if isinstance(trees, bool) or not isinstance(trees, int) or trees < 1:
-        raise ValueError(f"trees must be an int >= 1, got {trees!r}")
+    check_int("trees", trees)
     rows = []
     for shape_name, shape in shapes.items():
         is_chain = shape.width <= 1

@@ -74,7 +74,7 @@ from typing import ClassVar
 import torch
 
 from specviz.sampling import SamplingConfig, probs_from_logits
-from specviz.tree.core import DraftTree, children_lists, depths
+from specviz.tree.core import DraftTree, children_lists, depths, greedy_walk
 
 __all__ = [
     "Acceptance",
@@ -87,13 +87,10 @@ __all__ = [
     "TypicalVerifier",
     "NaiveVerifier",
     "VERIFIERS",
-    "SIBLING_SAMPLING",
     "get_verifier",
     "node_reach_probs",
     "expected_accept_length",
 ]
-
-SIBLING_SAMPLING: tuple[str, ...] = ("greedy", "iid", "without_replacement", "topk")
 
 # Order-averaging DP states lighter than this are dropped (see module docstring).
 _NEGLIGIBLE = 1e-13
@@ -498,20 +495,10 @@ class GreedyVerifier(Verifier):
     sibling_sampling: ClassVar[str] = "greedy"
 
     def _greedy_path(self, problem: _Problem, trace: _Trace) -> int:
-        u = 0
-        while True:
-            best = int(problem.p(u).argmax())
-            chosen = None
-            for s in problem.children[u]:
-                hit = problem.tokens[s] == best
-                trace.record(s, 1.0 if hit else 0.0)
-                if hit:
-                    chosen = s
-                    break
-            if chosen is None:
-                return best
-            trace.path.append(chosen)
-            u = chosen
+        path, best = greedy_walk(problem.children, problem.tokens, lambda u, d: int(problem.p(u).argmax()),
+                                 lambda s, hit: trace.record(s, 1.0 if hit else 0.0))
+        trace.path.extend(path)
+        return best
 
     def _walk(self, problem: _Problem, trace: _Trace, generator: torch.Generator) -> int:
         return self._greedy_path(problem, trace)

@@ -1,20 +1,17 @@
-"""Pictures of speculative decoding: draft trees, attention masks and whole generations.
+"""Pictures of one draft tree: its nodes coloured by what the verifier did, and its mask.
 
 Everything here is a pure function from specviz objects to a graph or a figure, so
-notebooks, the explorer widget (:mod:`specviz.explorer`) and saved files all draw
-with the same code:
+notebooks, the explorer widget (:mod:`specviz.render.explorer`) and saved files all draw
+with the same code (whole generations: :mod:`specviz.render.steps`; files:
+:mod:`specviz.render.export`):
 
 * :func:`tree_nodes` - one :class:`NodeInfo` per node of a step's draft tree (plus the
   bonus token), the single place where statuses, labels and per-node numbers are
   worked out;
 * :func:`to_networkx` - that information as a ``networkx.DiGraph``;
 * :func:`tree_figure` / :func:`step_tree_figure` - the draft tree drawn with the tidy
-  layout of :mod:`specviz.layout`, nodes coloured by status, accepted path emphasised;
-* :func:`mask_figure` - the tree-attention mask as a heatmap labelled by node;
-* :func:`step_view_figure` - a generation's text coloured by the step that committed
-  each token, and the accepted length of every step; :func:`stats_html` - its numbers;
-* :func:`save_html` (standalone, works offline: plotly.js is embedded) and
-  :func:`save_png` (static image through kaleido, which drives the system's Chromium).
+  layout of :mod:`specviz.render.layout`, nodes coloured by status, accepted path emphasised;
+* :func:`mask_figure` - the tree-attention mask as a heatmap labelled by node.
 
 Node statuses (:data:`STATUSES`): ``root`` (the last committed token), ``accepted``
 (on the accepted path), ``bonus`` (the token the target adds after the accepted path;
@@ -30,16 +27,12 @@ from __future__ import annotations
 
 import html
 import math
-import os
-import shutil
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
 from specviz.render.layout import tidy_layout
-from specviz.locations import output_path
 from specviz.tree.shapes import TreeShape
 from specviz.tree.core import DraftTree, depths, tree_attention_mask
 
@@ -47,8 +40,7 @@ if TYPE_CHECKING:
     import networkx as nx
     import plotly.graph_objects as go
 
-    from specviz.decode.engine import GenerationResult, StepTrace
-    from specviz.models.loading import ModelPair
+    from specviz.decode.records import StepTrace
     from specviz.verify.rules import Acceptance
 
 __all__ = [
@@ -56,7 +48,6 @@ __all__ = [
     "STATUS_STYLE",
     "StatusStyle",
     "NodeInfo",
-    "CommittedToken",
     "escape_token",
     "token_text",
     "tree_nodes",
@@ -64,15 +55,6 @@ __all__ = [
     "tree_figure",
     "step_tree_figure",
     "mask_figure",
-    "committed_tokens",
-    "representative_step",
-    "step_view_figure",
-    "stats_html",
-    "figure_mimebundle",
-    "save_html",
-    "save_png",
-    "README_FIGURE",
-    "save_example_tree",
 ]
 
 STATUSES: tuple[str, ...] = ("root", "accepted", "bonus", "rejected", "never reached", "drafted")
@@ -99,11 +81,7 @@ STATUS_STYLE: dict[str, StatusStyle] = {
 }
 _PATH_COLOR = STATUS_STYLE["accepted"].color
 _EDGE_COLOR = "#BBBBBB"
-# Step colours of the step view: Okabe-Ito again, so neighbouring steps always differ.
-_STEP_COLORS = ("#56B4E9", "#E69F00", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7")
-# Browsers kaleido looks for on PATH (it also honours $BROWSER_PATH).
-_CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
-_MONO = "DejaVu Sans Mono, Menlo, Consolas, monospace"
+MONO_FONT = "DejaVu Sans Mono, Menlo, Consolas, monospace"
 
 _VISIBLE_WHITESPACE = {" ": "␣", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
 
@@ -385,7 +363,7 @@ def tree_figure(tree: DraftTree | TreeShape, acceptance: "Acceptance | None" = N
             x=[x[v.index] for v in members], y=[-y[v.index] for v in members],
             mode="markers+text", name=status,
             text=[html.escape(v.label) for v in members], textposition="middle right",
-            textfont=dict(family=_MONO, size=12, color="#222222"),
+            textfont=dict(family=MONO_FONT, size=12, color="#222222"),
             marker=dict(color=style.color, symbol=style.symbol, size=style.size,
                         line=dict(color="#FFFFFF" if status != "never reached" else style.color,
                                   width=1.5 if status != "never reached" else 2)),
@@ -459,328 +437,7 @@ def mask_figure(tree: DraftTree, *, tokenizer: Any = None, prefix_len: int = 0,
                               "filled = may attend"),
         width=max(360, cell_px * n_cols + 180), height=max(300, cell_px * n_rows + 200),
         margin=dict(l=120, r=20, t=90, b=120), plot_bgcolor="white",
-        xaxis=dict(side="bottom", tickangle=-60, tickfont=dict(family=_MONO, size=11), title="key"),
-        yaxis=dict(autorange="reversed", tickfont=dict(family=_MONO, size=11), title="query node"),
+        xaxis=dict(side="bottom", tickangle=-60, tickfont=dict(family=MONO_FONT, size=11), title="key"),
+        yaxis=dict(autorange="reversed", tickfont=dict(family=MONO_FONT, size=11), title="query node"),
     )
     return fig
-
-
-# -- whole generations ------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class CommittedToken:
-    """One generated token and the step that committed it.
-
-    Attributes:
-        position: index in the generated output.
-        token: token id.
-        step: index into ``GenerationResult.steps``.
-        kind: ``"drafted"`` (an accepted draft token) or ``"bonus"`` (added by the target).
-    """
-
-    position: int
-    token: int
-    step: int
-    kind: str
-
-
-def committed_tokens(result: "GenerationResult") -> tuple[CommittedToken, ...]:
-    """Attribute every output token to the step that committed it.
-
-    Steps commit their accepted draft tokens followed by the bonus token; the output may
-    end early (a stop token or ``max_new_tokens``), so the walk stops at its length.
-
-    Raises:
-        ValueError: if a step's committed tokens disagree with the output.
-    """
-    output = torch.as_tensor(result.output_ids).flatten().tolist()
-    out: list[CommittedToken] = []
-    for s, step in enumerate(result.steps):
-        acc = step.acceptance
-        kinds = ["drafted"] * acc.accept_length + ["bonus"]
-        for tok, kind in zip(acc.committed_tokens, kinds):
-            if len(out) == len(output):
-                return tuple(out)
-            if output[len(out)] != tok:
-                raise ValueError(
-                    f"step {s} commits token {tok} at output position {len(out)}, but the output "
-                    f"holds {output[len(out)]} there"
-                )
-            out.append(CommittedToken(len(out), int(tok), s, kind))
-    return tuple(out)
-
-
-def representative_step(result: "GenerationResult") -> int:
-    """The step that shows the most in a picture: the longest accepted path, then the
-    largest tree, then the earliest.
-
-    Raises:
-        ValueError: if the generation has no steps.
-    """
-    if not result.steps:
-        raise ValueError("the generation has no speculative steps to show")
-    return max(range(len(result.steps)),
-               key=lambda s: (result.steps[s].acceptance.accept_length, result.steps[s].tree.n_nodes, -s))
-
-
-def _wrap(labels: Sequence[str], texts: Sequence[str], line_chars: int) -> list[tuple[int, int]]:
-    """(line, column) of each label when written left to right, breaking lines after a
-    newline token and before a label that would pass ``line_chars``."""
-    pos, line, col = [], 0, 0
-    for label, text in zip(labels, texts):
-        if col and col + len(label) > line_chars:
-            line, col = line + 1, 0
-        pos.append((line, col))
-        col += len(label)
-        if "\n" in text:
-            line, col = line + 1, 0
-    return pos
-
-
-def step_view_figure(result: "GenerationResult", *, tokenizer: Any = None,
-                     highlight_step: int | None = None, line_chars: int = 72,
-                     title: str | None = None) -> "go.Figure":
-    """A whole generation at a glance.
-
-    Top: the generated text, one box per token, the box colour naming the step that
-    committed it (neighbouring steps always differ); accepted draft tokens are plain,
-    bonus tokens (added by the target) bold on a darker outline. Bottom: per step, the
-    accepted draft tokens (bar) plus the bonus token (hatched), i.e. tau, and the exact
-    expected acceptance length (diamond).
-
-    Args:
-        result: a :class:`~specviz.decode.GenerationResult`.
-        tokenizer: decodes the tokens (``#id`` labels without one).
-        highlight_step: step drawn with an emphasised outline in both panels (e.g. the
-            explorer's current step).
-        line_chars: characters per text line.
-        title: figure title.
-    """
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    if line_chars < 8:
-        raise ValueError(f"line_chars must be >= 8, got {line_chars}")
-    n_steps = len(result.steps)
-    if highlight_step is not None and not 0 <= highlight_step < n_steps:
-        raise ValueError(f"highlight_step must be in [0, {n_steps}), got {highlight_step}")
-    toks = committed_tokens(result)
-    texts = [token_text(tokenizer, t.token) for t in toks]
-    labels = [escape_token(t, max_chars=None) for t in texts]
-    where = _wrap(labels, texts, line_chars)
-    n_lines = (where[-1][0] + 1) if where else 1
-
-    text_h = 26 * n_lines + 20
-    bars_h = 220
-    fig = make_subplots(rows=2, cols=1, vertical_spacing=0.12,
-                        row_heights=[text_h / (text_h + bars_h), bars_h / (text_h + bars_h)],
-                        subplot_titles=("generated text, coloured by step",
-                                        "tokens committed per step (x axis: step)"))
-    for kind, weight in (("drafted", "normal"), ("bonus", "bold")):
-        members = [i for i, t in enumerate(toks) if t.kind == kind]
-        fig.add_trace(go.Scatter(
-            x=[where[i][1] + len(labels[i]) / 2 for i in members], y=[-where[i][0] for i in members],
-            mode="text", text=[html.escape(labels[i]) for i in members],
-            textfont=dict(family=_MONO, size=13, color="#000000", weight=weight),
-            name="accepted draft token" if kind == "drafted" else "bonus token (target)",
-            hovertext=[f"{html.escape(labels[i])}<br>output position {toks[i].position}<br>"
-                       f"step {toks[i].step} · {kind}" for i in members],
-            hoverinfo="text", legendgroup=kind,
-        ), row=1, col=1)
-    # one layout update with all boxes: adding shapes one by one is slow in plotly
-    boxes = []
-    for i, t in enumerate(toks):
-        line, col = where[i]
-        emph = t.step == highlight_step
-        boxes.append(dict(type="rect", xref="x", yref="y", x0=col, x1=col + len(labels[i]),
-                          y0=-line - 0.42, y1=-line + 0.42, layer="below",
-                          fillcolor=_STEP_COLORS[t.step % len(_STEP_COLORS)], opacity=0.9 if emph else 0.45,
-                          line=dict(color="#000000" if (t.kind == "bonus" or emph) else "rgba(0,0,0,0)",
-                                    width=2 if emph else 1)))
-    fig.update_layout(shapes=boxes)
-
-    steps = list(range(n_steps))
-    colors = [_STEP_COLORS[s % len(_STEP_COLORS)] for s in steps]
-    outline = [3 if s == highlight_step else 0.5 for s in steps]
-    fig.add_trace(go.Bar(x=steps, y=[st.acceptance.accept_length for st in result.steps],
-                         marker=dict(color=colors, line=dict(color="#000000", width=outline)),
-                         name="accepted draft tokens",
-                         hovertemplate="step %{x}: %{y} accepted<extra></extra>"), row=2, col=1)
-    fig.add_trace(go.Bar(x=steps, y=[1] * n_steps,
-                         marker=dict(color=colors, pattern=dict(shape="/", fgcolor="#000000"),
-                                     line=dict(color="#000000", width=outline)),
-                         name="bonus token", hovertemplate="step %{x}: +1 bonus<extra></extra>"),
-                  row=2, col=1)
-    fig.add_trace(go.Scatter(x=steps, y=[st.expected_accept_length for st in result.steps],
-                             mode="markers", marker=dict(symbol="diamond", color="#000000", size=8),
-                             name="expected accepted (exact)",
-                             hovertemplate="step %{x}: expected %{y:.3f}<extra></extra>"), row=2, col=1)
-
-    if title is None:
-        drafted = sum(st.tree.budget for st in result.steps)
-        accepted = sum(st.acceptance.accept_length for st in result.steps)
-        rate = accepted / drafted if drafted else 0.0
-        title = (f"{len(toks)} tokens in {n_steps} steps · acceptance length "
-                 f"{accepted / max(n_steps, 1):.3f} · tau {len(toks) / max(n_steps, 1):.3f} · "
-                 f"acceptance rate {rate:.3f}")
-    char_px = 8.2  # width of one character of the 13 px monospace font
-    fig.update_layout(
-        title=_title(title), barmode="stack",
-        width=int(max(520, char_px * line_chars + 140)), height=int(text_h + bars_h + 160),
-        margin=dict(l=60, r=30, t=90, b=130), plot_bgcolor="white", paper_bgcolor="white",
-        legend=dict(orientation="h", yanchor="top", y=-0.12, xanchor="left", x=0.0),
-    )
-    fig.update_xaxes(visible=False, range=[-0.5, line_chars + 0.5], row=1, col=1)
-    fig.update_yaxes(visible=False, range=[-n_lines + 0.4, 0.6], row=1, col=1)
-    fig.update_xaxes(dtick=1 if n_steps <= 30 else None, row=2, col=1)
-    fig.update_yaxes(title="tokens", gridcolor="#EEEEEE", rangemode="tozero", row=2, col=1)
-    return fig
-
-
-def stats_html(result: "GenerationResult", step: int | None = None) -> str:
-    """Small HTML tables of a generation's acceptance numbers (via :mod:`specviz.metrics`)
-    and, when ``step`` is given, of that step alone."""
-    from specviz.metrics.acceptance import summarize
-
-    stats = summarize([result])[0]
-    rows = [
-        ("tokens · steps", f"{stats.new_tokens} in {stats.n_steps} steps (stop: {result.stop_reason})"),
-        ("drafter · verifier", f"{html.escape(result.drafter)} · {html.escape(result.verifier)}"),
-        ("acceptance length (accepted / step)", f"{stats.acceptance_length:.3f}"),
-        ("tau (tokens / target call)", f"{stats.tau:.3f}"),
-        ("expected acceptance length (exact)", f"{stats.expected_accept_length:.3f}"),
-        ("acceptance rate (accepted / drafted)",
-         f"{stats.acceptance_rate:.3f} ({stats.accepted_tokens} / {stats.drafted_tokens})"),
-        ("wall time", f"{result.wall_time_s:.3f} s ({stats.tokens_per_second:.1f} tokens/s)"),
-    ]
-    tables = [("generation", rows)]
-    if step is not None:
-        if not 0 <= step < len(result.steps):
-            raise ValueError(f"step must be in [0, {len(result.steps)}), got {step}")
-        st = result.steps[step]
-        tables.append((f"step {step}", [
-            ("draft nodes · depth", f"{st.tree.budget} · {st.tree.depth}"),
-            ("accepted (expected)",
-             f"{st.acceptance.accept_length} ({st.expected_accept_length:.3f}) + 1 bonus"),
-            ("draft · verify time", f"{1000 * st.draft_time_s:.1f} ms · {1000 * st.verify_time_s:.1f} ms"),
-        ]))
-    cell = "padding:1px 1em 1px 0;text-align:left"
-    parts = []
-    for caption, body in tables:
-        trs = "".join(f"<tr><th style='{cell}'>{k}</th><td style='{cell}'>{v}</td></tr>" for k, v in body)
-        parts.append(f"<table class='specviz-stats' style='margin:0'><caption style='text-align:left'>"
-                     f"<b>{caption}</b></caption>{trs}</table>")
-    return "<div style='display:flex;gap:3em;align-items:flex-start'>" + "".join(parts) + "</div>"
-
-
-def figure_mimebundle(fig: "go.Figure", config: dict | None = None) -> dict:
-    """``fig`` as a Jupyter display bundle with plotly's own mime type (drawn by the
-    plotly JupyterLab extension; ``text/plain`` names the figure elsewhere)."""
-    import json
-
-    import plotly.io as pio
-
-    spec = json.loads(pio.to_json(fig, validate=False))
-    spec["config"] = {"displaylogo": False, "scrollZoom": True, **(config or {})}
-    title = fig.layout.title.text or "figure"
-    return {"application/vnd.plotly.v1+json": spec, "text/plain": f"<plotly figure: {title}>"}
-
-
-# -- files ------------------------------------------------------------------------------------
-
-def save_html(fig: "go.Figure", path: str | Path) -> Path:
-    """Write ``fig`` as a standalone HTML page that opens offline: plotly.js is embedded
-    (no CDN), and scroll-zoom is on. Relative paths go under ``outputs/``.
-
-    Returns:
-        The path written.
-    """
-    dest = output_path(path)
-    fig.write_html(dest, include_plotlyjs=True, full_html=True,
-                   config={"scrollZoom": True, "displaylogo": False})
-    return dest
-
-
-def save_png(fig: "go.Figure", path: str | Path, *, scale: float = 2.0) -> Path:
-    """Write ``fig`` as a PNG through kaleido. Relative paths go under ``outputs/``.
-
-    kaleido renders with a headless Chromium it finds on ``PATH`` (Debian's
-    ``chromium`` package works) or at ``$BROWSER_PATH``; nothing is downloaded.
-
-    Returns:
-        The path written.
-
-    Raises:
-        ValueError: on a non-positive scale.
-        RuntimeError: if no Chromium can be found (says how to point kaleido at one).
-    """
-    if not scale > 0:
-        raise ValueError(f"scale must be > 0, got {scale}")
-    if not (os.environ.get("BROWSER_PATH") or any(shutil.which(n) for n in _CHROMIUM_NAMES)):
-        raise RuntimeError(
-            "PNG export needs a Chromium for kaleido and none was found: install one (Debian: "
-            "apt-get install chromium) or set BROWSER_PATH to its executable"
-        )
-    dest = output_path(path)
-    fig.write_image(dest, format="png", scale=scale)
-    return dest
-
-
-# -- the README picture -------------------------------------------------------------------------
-
-README_FIGURE = "reference/draft_tree.png"
-_EXAMPLE_PROMPT = "Write a Python function that checks whether a number is prime."
-
-
-def save_example_tree(path: str | Path = README_FIGURE, pair: "ModelPair | None" = None, *,
-                      branching: Sequence[int] = (2, 2, 1, 1), prompt: str = _EXAMPLE_PROMPT,
-                      max_new_tokens: int = 32, scale: float = 2.0) -> Path:
-    """Draw one verification step as a PNG: the draft model fills a static
-    ``expansion(branching)`` tree, the target verifies greedily, and the step with the
-    most to show (:func:`representative_step`) is saved. Relative paths go under
-    ``outputs/``.
-
-    Args:
-        path: where the PNG goes (default ``outputs/reference/draft_tree.png``).
-        pair: target and draft models (default: the built-in Qwen2.5-Coder pair, bf16).
-        branching: SpecInfer expansion config of the draft tree.
-        prompt: the user prompt.
-        max_new_tokens: tokens generated to find a telling step.
-        scale: PNG pixel scale.
-
-    Returns:
-        The path written.
-    """
-    from specviz.decode.engine import speculative_generate
-    from specviz.draft.base import make_drafter
-    from specviz.models.loading import load_pair
-    from specviz.tree.shapes import expansion
-
-    pair = load_pair() if pair is None else pair
-    drafter = make_drafter("tree", draft=pair.draft, shape=expansion(branching))
-    result = speculative_generate(pair.target, drafter, prompt, max_new_tokens=max_new_tokens)
-    step = result.steps[representative_step(result)]
-    return save_png(step_tree_figure(step, tokenizer=pair.target.tokenizer), path, scale=scale)
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m specviz.render --readme-figure [--model builtin|tiny] [--out PATH]``."""
-    import argparse
-
-    from specviz.models.loading import tiny_pair
-
-    parser = argparse.ArgumentParser(
-        prog="python -m specviz.render",
-        description="Draw the README's picture: one verification step of a 2-2-1-1 draft tree.")
-    parser.add_argument("--readme-figure", action="store_true", required=True,
-                        help="draw one verification step of the built-in pair as the README picture")
-    parser.add_argument("--model", choices=("builtin", "tiny"), default="builtin",
-                        help="model pair (tiny: random weights, for a quick check)")
-    parser.add_argument("--out", default=README_FIGURE, help="PNG path (relative: under outputs/)")
-    args = parser.parse_args(argv)
-    pair = tiny_pair() if args.model == "tiny" else None
-    print(save_example_tree(args.out, pair))
-
-
-if __name__ == "__main__":
-    main()

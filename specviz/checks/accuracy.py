@@ -1,0 +1,124 @@
+"""How far a lossy weight mode moves a model's greedy choices from the fp32 reference.
+
+Teacher-forced top-1 agreement: feed one token sequence (a prompt and the reference's own
+greedy continuation) to both models in one forward, take the argmax at every position and
+count how often they agree. With greedy speculative decoding, a mode's agreement bounds how
+often its output can follow the reference's token for token.
+
+:func:`reference_texts` runs the reference once per prompt (continuation and argmax);
+:func:`agreement_table` then needs only the model under test, so the reference and each
+mode can be loaded one at a time; :func:`agreement_by_category` sums the table up.
+
+Dimension legend: L = tokens of prompt + continuation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import pandas as pd
+import torch
+
+from specviz.decode.engine import plain_generate
+from specviz.models.kvcache import forward_tokens, new_cache
+from specviz.models.loading import LoadedModel
+from specviz.study.prompts import Prompt
+from specviz.validate import check_int
+
+__all__ = [
+    "ReferenceText",
+    "greedy_choices",
+    "teacher_forced_agreement",
+    "reference_texts",
+    "agreement_table",
+    "agreement_by_category",
+]
+
+
+@dataclass(frozen=True)
+class ReferenceText:
+    """A prompt, the reference model's greedy continuation, and its choices along them.
+
+    Attributes:
+        question_id, category: the prompt's id and category.
+        token_ids: prompt (chat template applied) then continuation, ``L`` ids.
+        prompt_len: tokens of the prompt.
+        reference_choices: the reference's argmax next token at each of the ``L`` positions.
+    """
+
+    question_id: int
+    category: str
+    token_ids: tuple[int, ...]
+    prompt_len: int
+    reference_choices: tuple[int, ...]
+
+
+@torch.no_grad()
+def greedy_choices(model: LoadedModel, token_ids: Sequence[int]) -> torch.Tensor:
+    """The argmax next token at every position of ``token_ids``, from one forward: (L,)."""
+    ids = torch.tensor([list(token_ids)])  # (1, L)
+    if ids.shape[1] < 1:
+        raise ValueError("token_ids is empty")
+    logits = forward_tokens(model.model, new_cache(model.model), ids, torch.arange(ids.shape[1])[None], None)
+    return logits[0].argmax(-1)  # (L,)
+
+
+def teacher_forced_agreement(reference_model: LoadedModel, model: LoadedModel, token_ids: Sequence[int]) -> float:
+    """Fraction of the positions of ``token_ids`` where ``model``'s argmax equals
+    ``reference_model``'s (both teacher-forced on the same tokens)."""
+    ref = greedy_choices(reference_model, token_ids)
+    return float((greedy_choices(model, token_ids) == ref).float().mean())
+
+
+def reference_texts(reference: LoadedModel, prompts: Sequence[Prompt], max_new_tokens: int = 64) -> list[ReferenceText]:
+    """Each prompt (first turn, chat template) with ``reference``'s greedy continuation of
+    up to ``max_new_tokens`` tokens and its choices along prompt + continuation."""
+    check_int("max_new_tokens", max_new_tokens)
+    texts = []
+    for prompt in prompts:
+        run = plain_generate(reference, prompt.text, max_new_tokens=max_new_tokens)
+        ids = run.prompt_ids + run.output_ids
+        texts.append(ReferenceText(prompt.question_id, prompt.category, ids, len(run.prompt_ids),
+                                   tuple(greedy_choices(reference, ids).tolist())))
+    return texts
+
+
+def agreement_table(model: LoadedModel, texts: Sequence[ReferenceText]) -> pd.DataFrame:
+    """One row per text: ``model``'s teacher-forced top-1 agreement with the reference.
+
+    Returns:
+        Columns ``model, weight_mode, question_id, category, positions, matches, agreement``
+        (all positions) and ``continuation_positions, continuation_matches,
+        continuation_agreement`` (positions from the last prompt token on, i.e. the
+        predictions of the generated tokens and the one after).
+    """
+    rows = []
+    for text in texts:
+        same = greedy_choices(model, text.token_ids) == torch.tensor(text.reference_choices)  # (L,)
+        tail = same[text.prompt_len - 1:]
+        rows.append({"model": model.name, "weight_mode": model.weight_mode, "question_id": text.question_id,
+                     "category": text.category, "positions": len(same), "matches": int(same.sum()),
+                     "agreement": float(same.float().mean()), "continuation_positions": len(tail),
+                     "continuation_matches": int(tail.sum()), "continuation_agreement": float(tail.float().mean())})
+    return pd.DataFrame(rows)
+
+
+def agreement_by_category(table: pd.DataFrame) -> pd.DataFrame:
+    """Pooled agreement per weight mode and category, plus an ``all`` row per mode, from
+    one or more concatenated :func:`agreement_table` results.
+
+    Returns:
+        Columns ``weight_mode, category, prompts, positions, agreement,
+        continuation_agreement`` (matches over positions, pooled over prompts).
+    """
+    sums = ["positions", "matches", "continuation_positions", "continuation_matches"]
+    per_cat = table.groupby(["weight_mode", "category"], sort=False).agg(
+        prompts=("question_id", "size"), **{c: (c, "sum") for c in sums}).reset_index()
+    overall = table.groupby("weight_mode", sort=False).agg(
+        prompts=("question_id", "size"), **{c: (c, "sum") for c in sums}).reset_index().assign(category="all")
+    out = pd.concat([per_cat, overall], ignore_index=True).sort_values(["weight_mode", "category"], kind="stable")
+    out["agreement"] = out["matches"] / out["positions"]
+    out["continuation_agreement"] = out["continuation_matches"] / out["continuation_positions"]
+    return out[["weight_mode", "category", "prompts", "positions", "agreement", "continuation_agreement"]].reset_index(
+        drop=True)

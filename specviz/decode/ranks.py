@@ -1,0 +1,75 @@
+"""What a draft model would accept along a known continuation: teacher-forced ranks.
+
+Under greedy decoding a node's child of rank ``r`` is accepted iff the target's next
+token is the draft's rank-``r`` candidate there. Along the accepted path the draft only
+ever reads the target's own tokens, so one teacher-forced draft forward over prompt +
+continuation gives the rank of every continuation token (:func:`draft_ranks`), from
+which :func:`specviz.decode.replay_shape` replays any static shape, and
+:func:`positional_acceptance` gives the ``a_1..a_K`` vector Sequoia's dynamic program
+needs.
+
+Dimension legend: P = prompt tokens, T = continuation tokens, V = vocabulary, K = ranks
+considered.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import torch
+
+from specviz.models.loading import LoadedModel
+from specviz.tree.sequoia import positional_acceptance_from_counts
+from specviz.validate import check_int
+
+__all__ = ["draft_ranks", "positional_acceptance"]
+
+
+@torch.no_grad()
+def draft_ranks(draft, prompt_ids: Sequence[int], continuation: Sequence[int], *, max_rank: int = 64) -> torch.Tensor:
+    """Rank of every continuation token in the draft's distribution, teacher-forced.
+
+    Rank 0 means the draft's top-1 candidate at that position is the continuation's
+    token. One forward of the draft over the prompt and the continuation.
+
+    Args:
+        draft: a :class:`~specviz.models.LoadedModel` or a transformers causal LM.
+        prompt_ids: the prompt's token ids.
+        continuation: the tokens that followed (e.g. a greedy reference's ``output_ids``).
+        max_rank: ranks at or above this are reported as ``max_rank`` ("not among the
+            first ``max_rank`` candidates").
+
+    Returns:
+        ``(T,)`` long tensor.
+    """
+    check_int("max_rank", max_rank)
+    model = draft.model if isinstance(draft, LoadedModel) else draft
+    cont = [int(t) for t in continuation]
+    prompt = [int(t) for t in prompt_ids]
+    if not cont or not prompt:
+        raise ValueError(f"need a non-empty prompt and continuation, got {len(prompt)} and {len(cont)} tokens")
+    ids = torch.tensor([prompt + cont[:-1]])  # (1, P + T - 1)
+    t = len(cont)
+    logits = model(input_ids=ids, use_cache=False, logits_to_keep=t).logits[0].float()  # (T, V)
+    target = torch.tensor(cont)[:, None]  # (T, 1)
+    ranks = (logits > logits.gather(1, target)).sum(dim=1)  # (T,)
+    return ranks.clamp(max=max_rank)
+
+
+def positional_acceptance(ranks: torch.Tensor | Iterable[torch.Tensor], k: int = 8) -> tuple[float, ...]:
+    """Sequoia's positional acceptance vector from teacher-forced ranks: ``a_j`` = share of
+    positions whose target token is the draft's rank-``j - 1`` candidate, ``j = 1..k``.
+
+    Under greedy decoding the accepted child is the one holding the target's token, so
+    this is exactly "the chance that the j-th ranked child is the accepted one".
+
+    Args:
+        ranks: one ``(T,)`` tensor or several (pooled).
+        k: entries of the vector (children per node considered).
+    """
+    parts = [ranks] if isinstance(ranks, torch.Tensor) else list(ranks)
+    if not parts:
+        raise ValueError("ranks must hold at least one tensor")
+    pooled = torch.cat([torch.as_tensor(p).flatten() for p in parts])
+    counts = torch.bincount(pooled.clamp(max=k), minlength=k + 1)[:k]  # (k,)
+    return positional_acceptance_from_counts([int(c) for c in counts], int(pooled.numel()))

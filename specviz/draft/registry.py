@@ -1,0 +1,273 @@
+"""Every drafting strategy by name: the one vocabulary of the benchmark, the checks, the
+explorer and the notebooks.
+
+A *method name* is a family plus its parameters, e.g. ``chain-k4``, ``tree-2x2x1``,
+``dynamic-k4-d5-n16`` or just ``dynamic`` (every parameter at its default).
+:func:`parse_strategy` turns a name into a :class:`MethodSpec` and :func:`build_drafter`
+builds its :class:`~specviz.draft.base.Drafter` for a :class:`~specviz.models.ModelPair`.
+
+Each strategy is one :class:`Strategy` in :data:`STRATEGIES`: its name grammar, its
+parameters with their defaults, the verification rule it runs with under sampling (its
+siblings decide which rule is exact) and how it is built. The benchmark's other
+methods (transformers' own decoding) are :class:`Family` entries of the same grammar
+kept in :mod:`specviz.bench.e2e`, parsed by the same :func:`parse_name`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from specviz.draft.adaptive import AdaptiveChainDrafter
+from specviz.draft.base import Drafter
+from specviz.draft.merged import MergedDrafter
+from specviz.draft.model import ChainDrafter, DynamicTreeDrafter, TreeDrafter
+from specviz.draft.ngram import NgramDrafter, NgramTrieDrafter
+from specviz.draft.self_spec import SelfSpeculativeDrafter
+from specviz.tree.shapes import TreeShape, chain, expansion
+from specviz.validate import check_int
+
+__all__ = [
+    "Param",
+    "Family",
+    "Strategy",
+    "MethodSpec",
+    "STRATEGIES",
+    "parse_name",
+    "parse_strategy",
+    "build_drafter",
+    "budgeted_kary",
+]
+
+#: a parameter's value: an int, a list of ints ("2x2x1") or a word ("heuristic")
+Value = int | str | tuple[int, ...]
+_KINDS = ("int", "ints", "word")
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of a family's names.
+
+    Attributes:
+        name: the parameter, as the builder receives it.
+        default: its value when a name leaves it out; None = the name always gives it, or
+            the builder derives it from the models (the family's description says how).
+        kind: "int" (>= 1), "ints" (``B1xB2x...``, each >= 1) or "word".
+    """
+
+    name: str
+    default: Value | None = None
+    kind: str = "int"
+
+    def __post_init__(self) -> None:
+        if self.kind not in _KINDS:
+            raise ValueError(f"Param kind must be one of {_KINDS}, got {self.kind!r}")
+
+    def read(self, method: str, raw: str) -> Value:
+        """The value of this parameter's text ``raw`` in the name ``method``."""
+        if self.kind == "word":
+            return raw
+        numbers = tuple(int(b) for b in raw.split("x"))
+        if min(numbers) < 1:
+            raise ValueError(f"method {method!r}: {self.name} must be >= 1, got {raw}")
+        return numbers if self.kind == "ints" else numbers[0]
+
+
+@dataclass(frozen=True)
+class Family:
+    """A family of method names: a pattern whose groups are the parameters.
+
+    Attributes:
+        name: the family, e.g. "chain".
+        usage: the names it accepts, as shown to users, e.g. ``"chain-k<K>"``.
+        pattern: a regex matching the whole name; group ``i`` is ``params[i]`` (an
+            absent optional group keeps the parameter's default).
+        params: the parameters, in group order.
+        description: one line for ``--list-methods``.
+    """
+
+    name: str
+    usage: str
+    pattern: str
+    params: tuple[Param, ...]
+    description: str
+
+    def match(self, method: str) -> "MethodSpec | None":
+        """The parsed ``method`` if this family spells it, else None."""
+        found = re.fullmatch(self.pattern, method)
+        if found is None:
+            return None
+        given = tuple((p.name, p.read(method, raw)) for p, raw in zip(self.params, found.groups()) if raw is not None)
+        return MethodSpec(method, self, given)
+
+
+@dataclass(frozen=True)
+class Strategy(Family):
+    """A specviz drafting strategy: a :class:`Family` that builds a drafter.
+
+    Attributes:
+        verifier: the verification rule under sampling: "chain" (Leviathan's rule) for
+            chains drawn from a draft distribution, "topk" (rule D) for deterministic
+            siblings; greedy decoding always verifies greedily.
+        build: ``build(pair, arguments)`` -> the drafter, with ``arguments`` every
+            parameter's value (defaults filled in).
+    """
+
+    verifier: str
+    build: Callable[[Any, dict[str, Any]], Drafter]
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A parsed method name.
+
+    Attributes:
+        name: the name as given, e.g. ``"tree-2x2x1"``.
+        definition: the :class:`Family` (or :class:`Strategy`) that spells it.
+        params: ``(parameter, value)`` pairs given in the name, in the family's order.
+    """
+
+    name: str
+    definition: Family
+    params: tuple[tuple[str, Value], ...] = ()
+
+    @property
+    def family(self) -> str:
+        """The family's name, e.g. ``"tree"``."""
+        return self.definition.name
+
+    @property
+    def is_strategy(self) -> bool:
+        """A specviz drafting strategy (as opposed to another method of the benchmark)."""
+        return isinstance(self.definition, Strategy)
+
+    def param(self, key: str, default: Any = None) -> Any:
+        """The value of ``key`` given in the name, else ``default``."""
+        return dict(self.params).get(key, default)
+
+    def arguments(self) -> dict[str, Any]:
+        """Every parameter's value: given in the name, else its default."""
+        return {p.name: p.default for p in self.definition.params} | dict(self.params)
+
+    def verifier(self, temperature: float, override: str | None = None) -> str:
+        """The verification rule a strategy runs with ("" for other methods): greedy at
+        temperature 0, else ``override`` when given, else the strategy's own."""
+        if not self.is_strategy:
+            return ""
+        if temperature == 0.0:
+            return "greedy"
+        return override or self.definition.verifier
+
+
+def budgeted_kary(width: int, depth: int, budget: int) -> TreeShape:
+    """The first ``budget`` nodes, breadth first, of the full ``width``-ary tree of ``depth``:
+    the top-``width`` candidates at every node, shallow levels filled first."""
+    check_int("width", width)
+    check_int("depth", depth)
+    check_int("budget", budget)
+    parents, ranks, level_of = [-1], [0], [0]
+    u = 0
+    while len(parents) <= budget and u < len(parents):
+        if level_of[u] < depth:
+            for r in range(width):
+                if len(parents) > budget:
+                    break
+                parents.append(u)
+                ranks.append(r)
+                level_of.append(level_of[u] + 1)
+        u += 1
+    return TreeShape(tuple(parents), tuple(ranks))
+
+
+def _tree(pair, a: dict[str, Any]) -> Drafter:
+    if a["branching"] is not None:
+        return TreeDrafter(pair.draft, expansion(list(a["branching"])))
+    return TreeDrafter(pair.draft, budgeted_kary(a["width"], a["depth"], a["budget"]))
+
+
+def _self_spec(pair, a: dict[str, Any]) -> Drafter:
+    n_layers = a["n_layers"] if a["n_layers"] is not None else pair.target.model.config.num_hidden_layers // 2
+    return SelfSpeculativeDrafter(pair.target, n_layers=n_layers, shape=chain(a["k"]))
+
+
+#: every drafting strategy, in the order ``--list-methods`` shows them
+STRATEGIES: tuple[Strategy, ...] = (
+    Strategy("chain", "chain-k<K>", r"chain-k(\d+)", (Param("k"),), "draft-model chain of K tokens",
+             "chain", lambda pair, a: ChainDrafter(pair.draft, a["k"])),
+    Strategy("tree", "tree-<B1>x<B2>x... | tree-k<W>-d<D>-n<N>",
+             r"tree-(?:(\d+(?:x\d+)*)|k(\d+)-d(\d+)-n(\d+))",
+             (Param("branching", kind="ints"), Param("width"), Param("depth"), Param("budget")),
+             "static draft-model tree: branching B1 at depth 1, B2 at depth 2, ...; or the first N nodes, "
+             "breadth first, of the W-ary tree of depth D", "topk", _tree),
+    Strategy("dynamic", "dynamic[-k<TOPK>-d<DEPTH>-n<BUDGET>]", r"dynamic(?:-k(\d+)-d(\d+)-n(\d+))?",
+             (Param("topk", 4), Param("depth", 5), Param("budget", 16)),
+             "EAGLE-2 dynamic tree (default k4-d5-n16)", "topk",
+             lambda pair, a: DynamicTreeDrafter(pair.draft, topk=a["topk"], depth=a["depth"], budget=a["budget"])),
+    Strategy("adaptive", "adaptive[-throughput|-heuristic]", r"adaptive(?:-(throughput|heuristic))?",
+             (Param("schedule", "throughput", "word"),),
+             "draft-model chain of adaptive length (default throughput rule)", "chain",
+             lambda pair, a: AdaptiveChainDrafter(pair.draft, schedule=a["schedule"])),
+    Strategy("ngram", "ngram[-n<N>-k<K>]", r"ngram(?:-n(\d+)-k(\d+))?", (Param("n", 3), Param("k", 5)),
+             "prompt lookup chain, n-grams up to N, K tokens (default n3-k5)", "topk",
+             lambda pair, a: NgramDrafter(n=a["n"], k=a["k"])),
+    Strategy("ngram-trie", "ngram-trie[-n<N>-d<DEPTH>-b<BUDGET>][-m<MATCHES>]",
+             r"ngram-trie(?:-n(\d+)-d(\d+)-b(\d+))?(?:-m(\d+))?",
+             (Param("n", 3), Param("depth", 5), Param("budget", 16), Param("max_matches", 8)),
+             "trie of up to MATCHES prompt-lookup matches (default n3-d5-b16-m8)", "topk",
+             lambda pair, a: NgramTrieDrafter(n=a["n"], depth=a["depth"], budget=a["budget"],
+                                              max_matches=a["max_matches"])),
+    Strategy("merged", "merged", r"merged", (),
+             "SpecInfer merge of a draft-model chain of 4 and an n-gram chain", "topk",
+             lambda pair, a: MergedDrafter([ChainDrafter(pair.draft, 4), NgramDrafter()])),
+    Strategy("self-spec", "self-spec[-L<LAYERS>][-k<K>]", r"self-spec(?:-L(\d+))?(?:-k(\d+))?",
+             (Param("n_layers"), Param("k", 4)),
+             "target's first LAYERS layers draft a chain of K (default half the layers, k4)", "chain", _self_spec),
+)
+
+
+def parse_name(name: str, families: Sequence[Family], what: str = "method") -> MethodSpec:
+    """Parse ``name`` with the first of ``families`` that spells it.
+
+    Args:
+        name: a method name.
+        families: the grammar, in order.
+        what: what a name is called in the error message ("method", "strategy").
+
+    Raises:
+        TypeError: ``name`` is not a str.
+        ValueError: no family spells it (the message lists the grammar), or a numeric
+            parameter < 1.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"a {what} name must be a str, got {type(name).__name__}")
+    for family in families:
+        spec = family.match(name)
+        if spec is not None:
+            return spec
+    valid = "; ".join(f.usage for f in families)
+    plural = "strategies" if what == "strategy" else f"{what}s"
+    raise ValueError(f"unknown {what} {name!r}; valid {plural}: {valid}")
+
+
+def parse_strategy(name: str) -> MethodSpec:
+    """Parse the name of a drafting strategy of :data:`STRATEGIES`."""
+    return parse_name(name, STRATEGIES, "strategy")
+
+
+def build_drafter(spec: MethodSpec | str, pair) -> Drafter:
+    """The drafter of a strategy for a :class:`~specviz.models.ModelPair`.
+
+    Args:
+        spec: a parsed strategy, or its name.
+        pair: the target and draft models.
+
+    Raises:
+        ValueError: an unknown name, a method that is not a strategy, or parameters
+            invalid for the models (e.g. more self-speculative layers than the target has).
+    """
+    if isinstance(spec, str):
+        spec = parse_strategy(spec)
+    if not spec.is_strategy:
+        raise ValueError(f"method {spec.name!r} is not a specviz strategy")
+    return spec.definition.build(pair, spec.arguments())

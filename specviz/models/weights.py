@@ -1,0 +1,306 @@
+"""Weight modes: how a model's linear layers store their weights and compute their product.
+
+On a CPU without bf16 matrix units (AVX2 only), PyTorch's bf16 matmul re-reads the weights
+once per token fed, so a forward of 8 tokens costs about 5x a one-token forward, which is
+what speculative verification pays. Weight-only integer kernels read the packed weights
+once per forward and make small forwards much cheaper. Each mode has one name:
+
+* ``fp32`` - plain ``nn.Linear`` in float32: the exactness reference (the only lossless mode);
+* ``bf16`` - plain ``nn.Linear`` in bfloat16 (``fp16`` likewise in float16);
+* ``fp32-wx`` - float32 weights, product computed as ``(W @ x.T).T`` (:class:`WxLinear`),
+  which MKL runs as a matrix-vector-style product that streams ``W`` once for a few tokens;
+* ``int8`` - weight-only int8, one symmetric scale per output channel, bf16 activations
+  (:class:`Int8Linear`, ``torch._weight_int8pack_mm``);
+* ``int4`` - weight-only 4-bit, one scale and zero per group of 64 inputs of an output
+  channel, bf16 activations (:class:`Int4Linear`, ``torch._weight_int4pack_mm_for_cpu``).
+
+:func:`quantize_model` replaces every ``nn.Linear`` of a transformers model (attention and
+MLP projections and the LM head) in place. A tied LM head gets its own converted copy; the
+embedding table stays a bf16 (or fp32) parameter, so ``model.dtype`` is the activation dtype.
+
+Dimension legend: M = rows fed (tokens), K = in_features, N = out_features,
+G = K / group_size groups per output channel, Np = N rounded up to a multiple of 16.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from specviz.validate import check_choice
+
+__all__ = [
+    "WeightMode",
+    "WEIGHT_MODES",
+    "INT4_GROUP_SIZES",
+    "WxLinear",
+    "Int8Linear",
+    "Int4Linear",
+    "parse_weight_mode",
+    "quantize_model",
+    "weight_mode_of",
+]
+
+INT4_GROUP_SIZES = (32, 64, 128, 256)  # the group sizes torch's CPU int4 kernel accepts
+_INT4_N_MULTIPLE = 16  # the CPU int4 packing wants out_features divisible by 16
+
+
+def _flat(x: torch.Tensor, in_features: int) -> torch.Tensor:
+    """(..., K) -> (M, K), checking K."""
+    if x.shape[-1] != in_features:
+        raise ValueError(f"expected input (..., {in_features}), got {tuple(x.shape)}")
+    return x.reshape(-1, in_features)
+
+
+class WxLinear(nn.Module):
+    """A linear layer computing ``(W @ x.T).T`` instead of ``x @ W.T``.
+
+    Same weights and result up to float rounding (the sum runs in another order). For a
+    few tokens this product streams ``W`` once, where ``F.linear`` re-reads it per token.
+    The weight parameter is shared with the source layer (no copy).
+    """
+
+    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None) -> None:
+        super().__init__()
+        self.weight = weight  # (N, K)
+        self.bias = bias  # (N,) or None
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> "WxLinear":
+        return cls(linear.weight, linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = _flat(x, self.in_features)  # (M, K)
+        y = (self.weight @ x2.T).T  # (M, N)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)  # (..., N)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def _bf16_at_least(value: torch.Tensor) -> torch.Tensor:
+    """``value`` (float32) rounded to bfloat16, upwards, so a range it must cover stays covered."""
+    rounded = value.to(torch.bfloat16)
+    up = torch.nextafter(rounded, torch.full_like(rounded, float("inf")))
+    return torch.where(rounded.float() < value, up, rounded)
+
+
+class Int8Linear(nn.Module):
+    """Weight-only int8 linear layer: ``y = x @ (q * s).T + b``, computed by
+    ``torch._weight_int8pack_mm`` in bf16.
+
+    ``q`` (N, K) int8 in [-127, 127], ``s`` (N,) bf16 with ``s >= max|W[n]| / 127``, so no
+    weight is clipped and every dequantized weight is within ``s[n] / 2`` of the original.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype = torch.bfloat16) -> None:
+        super().__init__()
+        w = weight.detach().float()  # (N, K)
+        self.out_features, self.in_features = w.shape
+        scales = _bf16_at_least(w.abs().amax(dim=1).clamp(min=1e-12) / 127.0).to(dtype)  # (N,)
+        q = torch.round(w / scales.float()[:, None]).clamp(-127, 127).to(torch.int8)  # (N, K)
+        self.register_buffer("qweight", q)
+        self.register_buffer("scales", scales)
+        self.register_buffer("bias", None if bias is None else bias.detach().to(dtype).clone())
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> "Int8Linear":
+        return cls(linear.weight, linear.bias)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """The weight the kernel multiplies by, (N, K) float32."""
+        return self.qweight.float() * self.scales.float()[:, None]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = _flat(x, self.in_features)  # (M, K)
+        y = torch._weight_int8pack_mm(x2.contiguous(), self.qweight, self.scales)  # (M, N)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)  # (..., N)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class Int4Linear(nn.Module):
+    """Weight-only 4-bit linear layer, group-wise asymmetric, computed by
+    ``torch._weight_int4pack_mm_for_cpu`` in bf16.
+
+    Each group of ``group_size`` consecutive inputs of an output channel has a scale ``s``
+    and a zero ``z`` (bf16); the kernel's weight is ``(q - 8) * s + z`` with ``q`` in
+    [0, 15]. ``s`` and ``z`` are chosen so that the group's range is covered after bf16
+    rounding: every dequantized weight is within ``s / 2`` of the original.
+
+    Raises:
+        ValueError: ``group_size`` is not one the kernel accepts, or ``in_features`` is not
+            a multiple of it (such a layer cannot be packed; the message names both).
+            ``out_features`` that are not a multiple of 16 are padded with zero rows and
+            the padding is cut from the output.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group_size: int = 64,
+                 dtype: torch.dtype = torch.bfloat16) -> None:
+        super().__init__()
+        check_choice("group_size", group_size, INT4_GROUP_SIZES)
+        w = weight.detach().float()  # (N, K)
+        n, k = w.shape
+        if k % group_size:
+            raise ValueError(f"int4 packing needs in_features to be a multiple of the group size {group_size}, "
+                             f"got in_features={k}")
+        self.out_features, self.in_features, self.group_size = n, k, group_size
+        pad = -n % _INT4_N_MULTIPLE
+        w = torch.cat([w, w.new_zeros(pad, k)]) if pad else w  # (Np, K)
+        groups = w.reshape(w.shape[0], k // group_size, group_size)  # (Np, G, g)
+        lo, hi = groups.amin(dim=2), groups.amax(dim=2)  # (Np, G)
+        # The zero is rounded first, then the scale is widened to cover [lo, hi] around it:
+        # q = 0 must reach lo (z - 8s <= lo) and q = 15 must reach hi (z + 7s >= hi).
+        zeros = (lo + 8.0 * (hi - lo) / 15.0).to(dtype)  # (Np, G)
+        need = torch.maximum((zeros.float() - lo) / 8.0, (hi - zeros.float()) / 7.0)
+        scales = _bf16_at_least(need.clamp(min=1e-12)).to(dtype)  # (Np, G)
+        q = torch.round((groups - zeros.float()[..., None]) / scales.float()[..., None] + 8.0)
+        q = q.clamp(0, 15).to(torch.int32).reshape(w.shape)  # (Np, K)
+        self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(q, 1))  # (Np, K/2) uint8
+        # The kernel reads scale and zero of one group together: (G, Np, 2).
+        self.register_buffer("scales_and_zeros", torch.stack([scales, zeros], dim=2).transpose(0, 1).contiguous())
+        self.register_buffer("bias", None if bias is None else bias.detach().to(dtype).clone())
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, group_size: int = 64) -> "Int4Linear":
+        return cls(linear.weight, linear.bias, group_size)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """The weight the kernel multiplies by, (N, K) float32 (the kernel's own unpacking,
+        run in float32 on an identity matrix)."""
+        eye = torch.eye(self.in_features)  # (K, K)
+        w_t = torch._weight_int4pack_mm_for_cpu(eye, self.packed, self.group_size,
+                                                self.scales_and_zeros.float())  # (K, Np)
+        return w_t[:, : self.out_features].T.contiguous()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = _flat(x, self.in_features)  # (M, K)
+        y = torch._weight_int4pack_mm_for_cpu(x2.contiguous(), self.packed, self.group_size,
+                                              self.scales_and_zeros)  # (M, Np)
+        y = y[:, : self.out_features]  # (M, N)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)  # (..., N)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"group_size={self.group_size}, bias={self.bias is not None}")
+
+
+@dataclass(frozen=True)
+class WeightMode:
+    """One way to store and multiply a model's linear weights.
+
+    Attributes:
+        name: the mode's name, as :func:`load_model` takes it.
+        description: one line for tables and error messages.
+        lossless: True only for ``fp32``, the reference every other mode is compared with.
+        activation_dtype: dtype of activations, of the model's remaining parameters
+            (embeddings, norms) and of its logits; ``model.dtype`` after conversion.
+        convert: builds the replacement of one ``nn.Linear``; None keeps ``nn.Linear``
+            and only casts it.
+    """
+
+    name: str
+    description: str
+    lossless: bool
+    activation_dtype: torch.dtype
+    convert: Callable[[nn.Linear], nn.Module] | None = None
+
+
+WEIGHT_MODES: dict[str, WeightMode] = {
+    m.name: m
+    for m in (
+        WeightMode("fp32", "float32 weights and activations (exactness reference)", True, torch.float32),
+        WeightMode("bf16", "bfloat16 weights and activations", False, torch.bfloat16),
+        WeightMode("fp16", "float16 weights and activations", False, torch.float16),
+        WeightMode("fp32-wx", "float32, products computed as (W @ x.T).T", False, torch.float32,
+                   WxLinear.from_linear),
+        WeightMode("int8", "int8 weights, one scale per output channel; bf16 activations", False,
+                   torch.bfloat16, Int8Linear.from_linear),
+        WeightMode("int4", "4-bit weights, scale and zero per 64 inputs; bf16 activations", False,
+                   torch.bfloat16, Int4Linear.from_linear),
+    )
+}
+
+_TORCH_DTYPE_MODES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+_LONG_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+_CONVERTED = (WxLinear, Int8Linear, Int4Linear)
+
+
+def parse_weight_mode(mode: WeightMode | torch.dtype | str) -> WeightMode:
+    """The :class:`WeightMode` named by ``mode``: a name of :data:`WEIGHT_MODES`, a long
+    dtype name (``"float32"``, ``"bfloat16"``, ``"float16"``) or a torch float dtype.
+
+    Raises:
+        ValueError: any other value (the message lists the modes).
+    """
+    if isinstance(mode, WeightMode):
+        return mode
+    if isinstance(mode, torch.dtype) and mode in _TORCH_DTYPE_MODES:
+        return WEIGHT_MODES[_TORCH_DTYPE_MODES[mode]]
+    if isinstance(mode, str):
+        key = _LONG_NAMES.get(mode.lower(), mode.lower())
+        if key in WEIGHT_MODES:
+            return WEIGHT_MODES[key]
+    raise ValueError(f"unknown weight mode {mode!r}; use one of {', '.join(WEIGHT_MODES)} "
+                     "(or torch.float32, torch.bfloat16, torch.float16)")
+
+
+def weight_mode_of(model: nn.Module) -> str:
+    """The name of the mode ``model`` is in, read from its layers and parameter dtype."""
+    for module in model.modules():
+        if isinstance(module, Int8Linear):
+            return "int8"
+        if isinstance(module, Int4Linear):
+            return "int4"
+        if isinstance(module, WxLinear):
+            return "fp32-wx"
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    return _TORCH_DTYPE_MODES[dtype]
+
+
+def quantize_model(model: nn.Module, mode: WeightMode | torch.dtype | str) -> nn.Module:
+    """Put ``model`` in weight mode ``mode``, in place, and return it.
+
+    Every ``nn.Linear`` is replaced by the mode's layer (quantized from the weights as they
+    are, before any cast), then the remaining parameters are cast to the mode's activation
+    dtype (buffers are left as they are). A tied LM head is converted as its own copy; the embedding table is kept.
+
+    Raises:
+        ValueError: unknown mode; a model already converted to a non-plain mode (load it
+            again instead); a layer the mode cannot pack (the message names the layer).
+    """
+    wm = parse_weight_mode(mode)
+    done = next((type(m).__name__ for m in model.modules() if isinstance(m, _CONVERTED)), None)
+    if done is not None:
+        raise ValueError(f"model already holds {done} layers ({weight_mode_of(model)}); "
+                         f"load it again to convert it to {wm.name}")
+    if wm.convert is not None:
+        # Build every replacement before swapping any, so a layer that cannot be packed
+        # leaves the model untouched.
+        replacements = {}
+        for name, module in model.named_modules():
+            if isinstance(module, nn.Linear):
+                try:
+                    replacements[name] = wm.convert(module)
+                except ValueError as exc:
+                    raise ValueError(f"cannot convert layer {name!r} to {wm.name}: {exc}") from exc
+        for name, new in replacements.items():
+            parent_name, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent_name), child, new)
+    # Parameters only: buffers such as the rotary inv_freq stay float32, as from_pretrained
+    # leaves them (model.to would round them to bf16 and shift every position's angle).
+    for param in model.parameters():
+        if param.is_floating_point() and param.dtype != wm.activation_dtype:
+            param.data = param.data.to(wm.activation_dtype)
+    return model

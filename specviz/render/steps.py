@@ -1,0 +1,251 @@
+"""Pictures of whole generations: the text coloured by the step that committed each token,
+the accepted length of every step, and the generation's numbers as small HTML tables.
+
+Dimension legend: L = committed tokens of one generation.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+import torch
+
+from specviz.render.trees import MONO_FONT, _title, escape_token, token_text
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+
+    from specviz.decode.records import GenerationResult
+
+__all__ = [
+    "CommittedToken",
+    "committed_tokens",
+    "representative_step",
+    "step_view_figure",
+    "stats_html",
+    "figure_mimebundle",
+]
+
+# Step colours of the step view: Okabe-Ito, so neighbouring steps always differ.
+_STEP_COLORS = ("#56B4E9", "#E69F00", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7")
+
+
+@dataclass(frozen=True)
+class CommittedToken:
+    """One generated token and the step that committed it.
+
+    Attributes:
+        position: index in the generated output.
+        token: token id.
+        step: index into ``GenerationResult.steps``.
+        kind: ``"drafted"`` (an accepted draft token) or ``"bonus"`` (added by the target).
+    """
+
+    position: int
+    token: int
+    step: int
+    kind: str
+
+
+def committed_tokens(result: "GenerationResult") -> tuple[CommittedToken, ...]:
+    """Attribute every output token to the step that committed it.
+
+    Steps commit their accepted draft tokens followed by the bonus token; the output may
+    end early (a stop token or ``max_new_tokens``), so the walk stops at its length.
+
+    Raises:
+        ValueError: if a step's committed tokens disagree with the output.
+    """
+    output = torch.as_tensor(result.output_ids).flatten().tolist()
+    out: list[CommittedToken] = []
+    for s, step in enumerate(result.steps):
+        acc = step.acceptance
+        kinds = ["drafted"] * acc.accept_length + ["bonus"]
+        for tok, kind in zip(acc.committed_tokens, kinds):
+            if len(out) == len(output):
+                return tuple(out)
+            if output[len(out)] != tok:
+                raise ValueError(
+                    f"step {s} commits token {tok} at output position {len(out)}, but the output "
+                    f"holds {output[len(out)]} there"
+                )
+            out.append(CommittedToken(len(out), int(tok), s, kind))
+    return tuple(out)
+
+
+def representative_step(result: "GenerationResult") -> int:
+    """The step that shows the most in a picture: the longest accepted path, then the
+    largest tree, then the earliest.
+
+    Raises:
+        ValueError: if the generation has no steps.
+    """
+    if not result.steps:
+        raise ValueError("the generation has no speculative steps to show")
+    return max(range(len(result.steps)),
+               key=lambda s: (result.steps[s].acceptance.accept_length, result.steps[s].tree.n_nodes, -s))
+
+
+def _wrap(labels: Sequence[str], texts: Sequence[str], line_chars: int) -> list[tuple[int, int]]:
+    """(line, column) of each label when written left to right, breaking lines after a
+    newline token and before a label that would pass ``line_chars``."""
+    pos, line, col = [], 0, 0
+    for label, text in zip(labels, texts):
+        if col and col + len(label) > line_chars:
+            line, col = line + 1, 0
+        pos.append((line, col))
+        col += len(label)
+        if "\n" in text:
+            line, col = line + 1, 0
+    return pos
+
+
+def step_view_figure(result: "GenerationResult", *, tokenizer: Any = None,
+                     highlight_step: int | None = None, line_chars: int = 72,
+                     title: str | None = None) -> "go.Figure":
+    """A whole generation at a glance.
+
+    Top: the generated text, one box per token, the box colour naming the step that
+    committed it (neighbouring steps always differ); accepted draft tokens are plain,
+    bonus tokens (added by the target) bold on a darker outline. Bottom: per step, the
+    accepted draft tokens (bar) plus the bonus token (hatched), i.e. tau, and the exact
+    expected acceptance length (diamond).
+
+    Args:
+        result: a :class:`~specviz.decode.GenerationResult`.
+        tokenizer: decodes the tokens (``#id`` labels without one).
+        highlight_step: step drawn with an emphasised outline in both panels (e.g. the
+            explorer's current step).
+        line_chars: characters per text line.
+        title: figure title.
+    """
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    if line_chars < 8:
+        raise ValueError(f"line_chars must be >= 8, got {line_chars}")
+    n_steps = len(result.steps)
+    if highlight_step is not None and not 0 <= highlight_step < n_steps:
+        raise ValueError(f"highlight_step must be in [0, {n_steps}), got {highlight_step}")
+    toks = committed_tokens(result)
+    texts = [token_text(tokenizer, t.token) for t in toks]
+    labels = [escape_token(t, max_chars=None) for t in texts]
+    where = _wrap(labels, texts, line_chars)
+    n_lines = (where[-1][0] + 1) if where else 1
+
+    text_h = 26 * n_lines + 20
+    bars_h = 220
+    fig = make_subplots(rows=2, cols=1, vertical_spacing=0.12,
+                        row_heights=[text_h / (text_h + bars_h), bars_h / (text_h + bars_h)],
+                        subplot_titles=("generated text, coloured by step",
+                                        "tokens committed per step (x axis: step)"))
+    for kind, weight in (("drafted", "normal"), ("bonus", "bold")):
+        members = [i for i, t in enumerate(toks) if t.kind == kind]
+        fig.add_trace(go.Scatter(
+            x=[where[i][1] + len(labels[i]) / 2 for i in members], y=[-where[i][0] for i in members],
+            mode="text", text=[html.escape(labels[i]) for i in members],
+            textfont=dict(family=MONO_FONT, size=13, color="#000000", weight=weight),
+            name="accepted draft token" if kind == "drafted" else "bonus token (target)",
+            hovertext=[f"{html.escape(labels[i])}<br>output position {toks[i].position}<br>"
+                       f"step {toks[i].step} · {kind}" for i in members],
+            hoverinfo="text", legendgroup=kind,
+        ), row=1, col=1)
+    # one layout update with all boxes: adding shapes one by one is slow in plotly
+    boxes = []
+    for i, t in enumerate(toks):
+        line, col = where[i]
+        emph = t.step == highlight_step
+        boxes.append(dict(type="rect", xref="x", yref="y", x0=col, x1=col + len(labels[i]),
+                          y0=-line - 0.42, y1=-line + 0.42, layer="below",
+                          fillcolor=_STEP_COLORS[t.step % len(_STEP_COLORS)], opacity=0.9 if emph else 0.45,
+                          line=dict(color="#000000" if (t.kind == "bonus" or emph) else "rgba(0,0,0,0)",
+                                    width=2 if emph else 1)))
+    fig.update_layout(shapes=boxes)
+
+    steps = list(range(n_steps))
+    colors = [_STEP_COLORS[s % len(_STEP_COLORS)] for s in steps]
+    outline = [3 if s == highlight_step else 0.5 for s in steps]
+    fig.add_trace(go.Bar(x=steps, y=[st.acceptance.accept_length for st in result.steps],
+                         marker=dict(color=colors, line=dict(color="#000000", width=outline)),
+                         name="accepted draft tokens",
+                         hovertemplate="step %{x}: %{y} accepted<extra></extra>"), row=2, col=1)
+    fig.add_trace(go.Bar(x=steps, y=[1] * n_steps,
+                         marker=dict(color=colors, pattern=dict(shape="/", fgcolor="#000000"),
+                                     line=dict(color="#000000", width=outline)),
+                         name="bonus token", hovertemplate="step %{x}: +1 bonus<extra></extra>"),
+                  row=2, col=1)
+    fig.add_trace(go.Scatter(x=steps, y=[st.expected_accept_length for st in result.steps],
+                             mode="markers", marker=dict(symbol="diamond", color="#000000", size=8),
+                             name="expected accepted (exact)",
+                             hovertemplate="step %{x}: expected %{y:.3f}<extra></extra>"), row=2, col=1)
+
+    if title is None:
+        from specviz.metrics.acceptance import summarize_steps
+
+        stats = summarize_steps(result.steps, new_tokens=len(toks))
+        title = (f"{len(toks)} tokens in {n_steps} steps · acceptance length "
+                 f"{stats.acceptance_length:.3f} · tau {stats.tokens_per_step:.3f} · "
+                 f"acceptance rate {stats.acceptance_rate:.3f}")
+    char_px = 8.2  # width of one character of the 13 px monospace font
+    fig.update_layout(
+        title=_title(title), barmode="stack",
+        width=int(max(520, char_px * line_chars + 140)), height=int(text_h + bars_h + 160),
+        margin=dict(l=60, r=30, t=90, b=130), plot_bgcolor="white", paper_bgcolor="white",
+        legend=dict(orientation="h", yanchor="top", y=-0.12, xanchor="left", x=0.0),
+    )
+    fig.update_xaxes(visible=False, range=[-0.5, line_chars + 0.5], row=1, col=1)
+    fig.update_yaxes(visible=False, range=[-n_lines + 0.4, 0.6], row=1, col=1)
+    fig.update_xaxes(dtick=1 if n_steps <= 30 else None, row=2, col=1)
+    fig.update_yaxes(title="tokens", gridcolor="#EEEEEE", rangemode="tozero", row=2, col=1)
+    return fig
+
+
+def stats_html(result: "GenerationResult", step: int | None = None) -> str:
+    """Small HTML tables of a generation's acceptance numbers (via :mod:`specviz.metrics`)
+    and, when ``step`` is given, of that step alone."""
+    from specviz.metrics.acceptance import summarize
+
+    stats = summarize([result])[0]
+    rows = [
+        ("tokens · steps", f"{stats.new_tokens} in {stats.n_steps} steps (stop: {result.stop_reason})"),
+        ("drafter · verifier", f"{html.escape(result.drafter)} · {html.escape(result.verifier)}"),
+        ("acceptance length (accepted / step)", f"{stats.acceptance_length:.3f}"),
+        ("tau (tokens / target call)", f"{stats.tau:.3f}"),
+        ("expected acceptance length (exact)", f"{stats.expected_accept_length:.3f}"),
+        ("acceptance rate (accepted / drafted)",
+         f"{stats.acceptance_rate:.3f} ({stats.accepted_tokens} / {stats.drafted_tokens})"),
+        ("wall time", f"{result.wall_s:.3f} s ({stats.tokens_per_second:.1f} tokens/s)"),
+    ]
+    tables = [("generation", rows)]
+    if step is not None:
+        if not 0 <= step < len(result.steps):
+            raise ValueError(f"step must be in [0, {len(result.steps)}), got {step}")
+        st = result.steps[step]
+        tables.append((f"step {step}", [
+            ("draft nodes · depth", f"{st.tree.budget} · {st.tree.depth}"),
+            ("accepted (expected)",
+             f"{st.acceptance.accept_length} ({st.expected_accept_length:.3f}) + 1 bonus"),
+            ("draft · verify time", f"{1000 * st.draft_time_s:.1f} ms · {1000 * st.verify_time_s:.1f} ms"),
+        ]))
+    cell = "padding:1px 1em 1px 0;text-align:left"
+    parts = []
+    for caption, body in tables:
+        trs = "".join(f"<tr><th style='{cell}'>{k}</th><td style='{cell}'>{v}</td></tr>" for k, v in body)
+        parts.append(f"<table class='specviz-stats' style='margin:0'><caption style='text-align:left'>"
+                     f"<b>{caption}</b></caption>{trs}</table>")
+    return "<div style='display:flex;gap:3em;align-items:flex-start'>" + "".join(parts) + "</div>"
+
+
+def figure_mimebundle(fig: "go.Figure", config: dict | None = None) -> dict:
+    """``fig`` as a Jupyter display bundle with plotly's own mime type (drawn by the
+    plotly JupyterLab extension; ``text/plain`` names the figure elsewhere)."""
+    import json
+
+    import plotly.io as pio
+
+    spec = json.loads(pio.to_json(fig, validate=False))
+    spec["config"] = {"displaylogo": False, "scrollZoom": True, **(config or {})}
+    title = fig.layout.title.text or "figure"
+    return {"application/vnd.plotly.v1+json": spec, "text/plain": f"<plotly figure: {title}>"}

@@ -1,0 +1,142 @@
+"""Study presets: which notebooks a study runs, in which order, with which parameters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping
+
+__all__ = ["StudyConfigError", "NotebookRun", "Preset", "PRESETS", "get_preset"]
+
+
+class StudyConfigError(ValueError):
+    """A study that cannot start: unknown preset or notebook, bad prompt file or limit,
+    a preset parameter the notebook does not declare, or the wrong Jupyter kernel."""
+
+
+@dataclass(frozen=True)
+class NotebookRun:
+    """One notebook of a preset and the papermill parameters it runs with.
+
+    Attributes:
+        notebook: file name under ``notebooks/``, e.g. ``"05_tree_attention_timing.ipynb"``.
+        parameters: values for the notebook's ``parameters`` cell (only names the
+            notebook declares; the pipeline adds ``out_dir``, ``prompts_path`` and
+            ``prompt_limit`` itself).
+    """
+
+    notebook: str
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.notebook.endswith(".ipynb") or "/" in self.notebook:
+            raise ValueError(f"notebook must be a file name ending in .ipynb, got {self.notebook!r}")
+        clash = sorted(set(self.parameters) & {"out_dir"})
+        if clash:
+            raise ValueError(f"{self.notebook}: {clash} is set by the pipeline, not by presets")
+        object.__setattr__(self, "parameters", MappingProxyType(dict(self.parameters)))
+
+    @property
+    def stem(self) -> str:
+        """File name without ``.ipynb``, e.g. ``"05_tree_attention_timing"``."""
+        return self.notebook[: -len(".ipynb")]
+
+    @property
+    def number(self) -> str:
+        """The two-digit prefix, e.g. ``"05"``."""
+        return self.notebook.split("_", 1)[0]
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named study configuration: which notebooks run, in order, with what parameters.
+
+    Attributes:
+        name: the ``--preset`` value.
+        description: one line for ``--list`` and the README.
+        runs: the notebooks in execution order.
+        report: stem of the notebook exported as ``report.html`` (None: no report).
+    """
+
+    name: str
+    description: str
+    runs: tuple[NotebookRun, ...]
+    report: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.runs:
+            raise ValueError(f"preset {self.name!r} runs no notebooks")
+        names = [r.notebook for r in self.runs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"preset {self.name!r} lists a notebook twice: {names}")
+        if self.report is not None and self.report not in {r.stem for r in self.runs}:
+            raise ValueError(f"preset {self.name!r}: report notebook {self.report!r} is not among its runs")
+
+
+_QUICKSTART = "01_quickstart.ipynb"
+_TREES = "02_trees_masks_attention.ipynb"
+_ACCEPTANCE = "03_chain_tree_dynamic.ipynb"
+_RULES = "04_verification_rules.ipynb"
+_TIMING = "05_tree_attention_timing.ipynb"
+_SPEED = "06_end_to_end_speed.ipynb"
+_REPORT = "08_report.ipynb"
+
+#: The presets, by name. ``smoke`` is the smallest run of every notebook (the tests use
+#: it), ``quick`` the default study, ``full`` everything at full size. The report
+#: notebook comes last and reads the tables the others wrote.
+PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
+    Preset("smoke", "every notebook at its smallest size: checks an installation in a few minutes", (
+        NotebookRun(_QUICKSTART, {"max_new_tokens": 8, "tree_branching": [2, 1]}),
+        NotebookRun(_TREES),
+        NotebookRun(_ACCEPTANCE, {"prompt_limit": 1, "max_new_tokens": 8, "budgets": [4], "layer_sweep": [],
+                                  "cross_check": False, "sampled_budget": 4, "sampled_stride": 8}),
+        NotebookRun(_RULES, {"trials": 100, "expected_trees": 10, "real_max_new_tokens": 8,
+                             "real_temperatures": [0.0, 1.0], "real_tree_branching": [2, 1],
+                             "real_chain_length": 2}),
+        NotebookRun(_TIMING, {"batch_sizes": [1], "prefix_lens": [16], "budgets": [8],
+                              "warmup": 0, "repeats": 1}),
+        NotebookRun(_SPEED, {"max_new_tokens": 8, "methods": ["chain-k2", "ngram"], "sequoia_budgets": [4],
+                             "cost_sizes": [1, 4], "cost_prefix": 32, "cost_repeats": 1, "plan_budgets": [1, 2, 4],
+                             "plan_depths": [1, 2], "probe_dtypes": []}),
+        NotebookRun(_REPORT),
+    ), report="08_report"),
+    Preset("quick", "the default study, sized to finish in under 20 minutes on a 2-core CPU", (
+        NotebookRun(_QUICKSTART),
+        NotebookRun(_TREES),
+        NotebookRun(_ACCEPTANCE, {"prompt_limit": 7, "max_new_tokens": 32, "budgets": [4, 8, 16, 32, 64],
+                                  "cross_check": False, "sampled_stride": 16}),
+        NotebookRun(_RULES, {"trials": 2000, "expected_trees": 100, "prompt_limit": 2, "real_max_new_tokens": 32,
+                             "real_stride": 16}),
+        NotebookRun(_TIMING, {"batch_sizes": [1, 2, 4], "prefix_lens": [128, 512, 1024],
+                              "budgets": [4, 8, 16, 32, 64], "warmup": 2, "repeats": 5}),
+        NotebookRun(_SPEED, {"prompt_limit": 2, "max_new_tokens": 32,
+                             "methods": ["chain-k4", "dynamic-k4-d5-n16", "ngram"],
+                             "sequoia_budgets": [8], "cost_sizes": [1, 2, 4, 8, 16, 64]}),
+        NotebookRun(_REPORT),
+    ), report="08_report"),
+    Preset("full", "every prompt and budget, longer generations, more repeats and trials", (
+        NotebookRun(_QUICKSTART, {"max_new_tokens": 128}),
+        NotebookRun(_TREES),
+        NotebookRun(_ACCEPTANCE, {"prompt_limit": 0, "max_new_tokens": 128, "budgets": [4, 8, 16, 32, 64],
+                                  "dynamic_depth": 6, "sampled_prompts": 7, "sampled_stride": 16}),
+        NotebookRun(_RULES, {"trials": 10000, "expected_trees": 400, "prompt_limit": 7, "real_max_new_tokens": 128,
+                             "real_stride": 16}),
+        NotebookRun(_TIMING, {"batch_sizes": [1, 2, 4, 8], "prefix_lens": [128, 512, 1024, 2048],
+                              "budgets": [4, 8, 16, 32, 64, 128], "warmup": 3, "repeats": 10}),
+        NotebookRun(_SPEED, {"prompt_limit": 7, "max_new_tokens": 128,
+                             "methods": ["chain-k2", "chain-k4", "chain-k8", "tree-2x2x1", "dynamic-k4-d5-n16",
+                                         "adaptive", "ngram", "ngram-trie", "merged", "self-spec-L24-k2"],
+                             "sequoia_budgets": [4, 8, 16, 32], "cost_sizes": [1, 2, 4, 8, 16, 32, 64, 128],
+                             "cost_repeats": 3}),
+        NotebookRun(_REPORT),
+    ), report="08_report"),
+)})
+
+
+def get_preset(name: str | Preset) -> Preset:
+    """The preset called ``name`` (a :class:`Preset` is returned as it is)."""
+    if isinstance(name, Preset):
+        return name
+    if name not in PRESETS:
+        raise StudyConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+    return PRESETS[name]

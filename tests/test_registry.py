@@ -1,0 +1,98 @@
+"""The strategy registry (specviz.draft.registry): every name builds its drafter on the tiny
+pair, parameters fall back to their defaults, and bad names or values are named in the error."""
+
+import pytest
+
+from specviz.draft import (
+    AdaptiveChainDrafter,
+    ChainDrafter,
+    Drafter,
+    DynamicTreeDrafter,
+    MergedDrafter,
+    NgramDrafter,
+    NgramTrieDrafter,
+    SelfSpeculativeDrafter,
+    TreeDrafter,
+)
+from specviz.draft.registry import (
+    STRATEGIES,
+    budgeted_kary,
+    build_drafter,
+    parse_strategy,
+)
+
+# one name per family, with and without parameters, and the drafter each must build
+NAMES = {
+    "chain-k3": (ChainDrafter, "chain(k=3)"),
+    "tree-2x1": (TreeDrafter, "tree(n=4,d=2)"),
+    "tree-k2-d3-n5": (TreeDrafter, "tree(n=5,d=2)"),
+    "dynamic": (DynamicTreeDrafter, "dynamic(k=4,d=5,n=16)"),
+    "dynamic-k2-d3-n5": (DynamicTreeDrafter, "dynamic(k=2,d=3,n=5)"),
+    "adaptive": (AdaptiveChainDrafter, "adaptive-throughput"),
+    "adaptive-heuristic": (AdaptiveChainDrafter, "adaptive-heuristic"),
+    "ngram": (NgramDrafter, "ngram(n=3,k=5)"),
+    "ngram-n2-k4": (NgramDrafter, "ngram(n=2,k=4)"),
+    "ngram-trie": (NgramTrieDrafter, "ngram-trie(n=3,budget=16)"),
+    "ngram-trie-n2-d3-b6-m2": (NgramTrieDrafter, "ngram-trie(n=2,budget=6)"),
+    "merged": (MergedDrafter, "merged(chain(k=4)+ngram(n=3,k=5))"),
+    "self-spec-L1-k2": (SelfSpeculativeDrafter, None),
+}
+
+
+def test_every_name_builds_its_drafter(tiny_pair):
+    assert {parse_strategy(n).family for n in NAMES} == {s.name for s in STRATEGIES}
+    for name, (kind, drafter_name) in NAMES.items():
+        drafter = build_drafter(name, tiny_pair)
+        assert isinstance(drafter, kind) and isinstance(drafter, Drafter), name
+        if drafter_name is not None:
+            assert drafter.name == drafter_name
+    assert build_drafter(parse_strategy("ngram-trie-m2"), tiny_pair).max_matches == 2
+    self_spec = build_drafter("self-spec", tiny_pair)  # default: half the target's layers, a chain of 4
+    assert self_spec.n_layers == tiny_pair.target.model.config.num_hidden_layers // 2
+    assert self_spec.shape.budget == 4
+
+
+def test_parsed_parameters_and_defaults():
+    spec = parse_strategy("dynamic-k2-d3-n6")
+    assert spec.params == (("topk", 2), ("depth", 3), ("budget", 6))
+    assert parse_strategy("dynamic").params == ()
+    assert parse_strategy("dynamic").arguments() == {"topk": 4, "depth": 5, "budget": 16}
+    assert parse_strategy("tree-2x2x1").params == (("branching", (2, 2, 1)),)
+    assert parse_strategy("adaptive-heuristic").param("schedule") == "heuristic"
+    assert parse_strategy("self-spec").arguments() == {"n_layers": None, "k": 4}
+
+
+def test_verifier_under_sampling():
+    assert parse_strategy("chain-k4").verifier(0.7) == "chain"
+    assert parse_strategy("self-spec").verifier(0.7) == "chain"
+    assert parse_strategy("adaptive").verifier(0.7) == "chain"
+    for name in ("tree-2x1", "dynamic", "ngram", "ngram-trie", "merged"):
+        assert parse_strategy(name).verifier(0.7) == "topk"
+        assert parse_strategy(name).verifier(0.0) == "greedy"
+    assert parse_strategy("dynamic").verifier(0.7, "typical") == "typical"
+
+
+def test_bad_names_and_values_are_named(tiny_pair):
+    with pytest.raises(ValueError, match=r"unknown strategy 'medusa'; valid strategies: chain-k<K>"):
+        parse_strategy("medusa")
+    with pytest.raises(ValueError, match="unknown strategy 'plain'"):
+        build_drafter("plain", tiny_pair)
+    with pytest.raises(ValueError, match=r"method 'chain-k0': k must be >= 1, got 0"):
+        parse_strategy("chain-k0")
+    with pytest.raises(ValueError, match=r"method 'tree-2x0': branching must be >= 1, got 2x0"):
+        parse_strategy("tree-2x0")
+    with pytest.raises(TypeError, match="a strategy name must be a str, got int"):
+        parse_strategy(4)
+    layers = tiny_pair.target.model.config.num_hidden_layers
+    with pytest.raises(ValueError, match=rf"n_layers must be an int in \[1, {layers - 1}\].*got 99"):
+        build_drafter("self-spec-L99", tiny_pair)
+
+
+def test_budgeted_kary():
+    shape = budgeted_kary(2, 3, 5)
+    assert shape.parents == (-1, 0, 0, 1, 1, 2)
+    assert shape.ranks == (0, 0, 1, 0, 1, 0)
+    assert budgeted_kary(3, 2, 100).budget == 12
+    assert budgeted_kary(1, 4, 100).parents == (-1, 0, 1, 2, 3)
+    with pytest.raises(ValueError, match="width must be an int >= 1, got 0"):
+        budgeted_kary(0, 2, 3)
