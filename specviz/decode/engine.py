@@ -44,7 +44,7 @@ from specviz.models.loading import LoadedModel, check_same_tokenizer
 from specviz.sampling import GREEDY, SamplingConfig, make_generator, probs_from_logits, sample
 from specviz.tree.core import DraftTree, depths, pad_masks, pad_trees
 from specviz.validate import check_int
-from specviz.verify.rules import Verifier, get_verifier
+from specviz.verify.rules import Verifier, as_verifier
 
 __all__ = [
     "encode_prompt",
@@ -118,14 +118,6 @@ def _limit_depth(tree: DraftTree, max_depth: int) -> DraftTree:
     if int(d.max()) <= max_depth:
         return tree
     return tree.subtree(torch.nonzero(d <= max_depth).flatten().tolist())
-
-
-def _as_verifier(verifier: str | Verifier) -> Verifier:
-    if isinstance(verifier, Verifier):
-        return verifier
-    if isinstance(verifier, str):
-        return get_verifier(verifier)
-    raise TypeError(f"verifier must be a name or a Verifier, got {type(verifier).__name__}")
 
 
 def _check_prompt(target: LoadedModel, ids: list[int]) -> None:
@@ -312,7 +304,7 @@ def _prepare(target: LoadedModel, drafter: Drafter, prompts: Sequence, max_new_t
     ids = [encode_prompt(target.tokenizer, p, chat) for p in prompts]
     for p in ids:
         _check_prompt(target, p)
-    return ids, _as_verifier(verifier)
+    return ids, as_verifier(verifier, "verifier")
 
 
 def speculative_generate(target: LoadedModel, drafter: Drafter, prompt: str | Sequence[int], *,
