@@ -1,16 +1,25 @@
 """specviz: see, measure and compare speculative decoding.
 
-The package follows one step of speculative decoding from left to right::
+The subpackages follow one step of speculative decoding from left to right::
 
-    models ──> drafters ──> tree ──> mask / attention ──> verify ──> decode ──> metrics ──> render
-    (target,   (chain,      (token ids +  (which node sees    (which draft   (KV cache,  (acceptance  (networkx /
-     draft)     static tree, parent per    which, pure         tokens the     traces,     rate, tau,   plotly trees,
-                dynamic,     node)         PyTorch)            target keeps)  batches)    per depth)   explorer)
-                n-gram, ...)
+    models ──> draft ──> tree ──> attention ──> verify ──> decode ──> metrics ──> render
+    (target,   (chain,    (token ids  (tree mask,    (which draft   (engine:    (acceptance  (trees by
+     draft,     trees,     + parent    pure-PyTorch   tokens the     KV cache,   rate, tau,   status, masks,
+     KV cache,  EAGLE-2,   per node;   tree attention target keeps;  traces,     per depth)   step views,
+     weight     n-gram,    shapes,     inside the     lossless and   replay)                  explorer)
+     modes)     registry)  Sequoia)    target)        lossy rules)
 
-``study`` runs the notebooks headlessly and ``bench`` measures wall-clock speedups.
-Modules are imported lazily by the user (``from specviz.tree.core import DraftTree``) so that
-``import specviz`` stays cheap.
+and three more measure and report it:
+
+* ``bench``  - wall-clock speed against transformers' own decoding, cost curves, attention timing;
+* ``checks`` - long exactness checks on real models (greedy identity, reduced-precision match);
+* ``study``  - prompts, resumable result stores and the headless notebook runner.
+
+Shared by all: ``sampling`` (temperature / top-k / top-p and sibling sampling modes),
+``validate`` (argument checks) and ``locations`` (the repository's data and output folders).
+Each subpackage's ``__init__`` re-exports its public names, so ``from specviz.tree import
+DraftTree`` and ``from specviz.tree.core import DraftTree`` are the same; ``import specviz``
+alone imports nothing heavy.
 """
 
 __version__ = "0.1.0"

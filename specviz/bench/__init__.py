@@ -1,3 +1,7 @@
 """Wall-clock measurement: end-to-end speed against transformers' own decoding
 (:mod:`~specviz.bench.e2e`), cost curves and the step-cost model (:mod:`~specviz.bench.cost`),
 and tree-attention timing (:mod:`~specviz.bench.attention`)."""
+
+from specviz.bench.attention import *  # noqa: F401,F403
+from specviz.bench.cost import *  # noqa: F401,F403
+from specviz.bench.e2e import *  # noqa: F401,F403

@@ -1,2 +1,10 @@
 """The study: prompts (:mod:`~specviz.study.prompts`), result stores and tables
-(:mod:`~specviz.study.store`) and the headless notebook runner (:mod:`~specviz.study.runner`)."""
+(:mod:`~specviz.study.store`), presets (:mod:`~specviz.study.presets`), the headless notebook
+runner (:mod:`~specviz.study.runner`), notebook files (:mod:`~specviz.study.notebooks`) and the
+resumable units of work the notebooks run (:mod:`~specviz.study.units`)."""
+
+from specviz.study.notebooks import *  # noqa: F401,F403
+from specviz.study.presets import *  # noqa: F401,F403
+from specviz.study.prompts import *  # noqa: F401,F403
+from specviz.study.runner import *  # noqa: F401,F403
+from specviz.study.store import *  # noqa: F401,F403
