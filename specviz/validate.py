@@ -17,7 +17,8 @@ def _is_int(value: Any) -> bool:
 
 
 def check_int(name: str, value: Any, minimum: int = 1, maximum: int | None = None, *,
-              error: type[Exception] = ValueError, note: str = "") -> int:
+              error: type[Exception] = ValueError, note: str = "",
+              type_error: type[Exception] | None = None) -> int:
     """``value`` if it is an int in ``[minimum, maximum]``; otherwise raise ``error``.
 
     Args:
@@ -26,7 +27,10 @@ def check_int(name: str, value: Any, minimum: int = 1, maximum: int | None = Non
         minimum, maximum: the allowed range (``maximum`` None = unbounded).
         error: the exception class to raise (a ``ValueError`` subclass of the caller's).
         note: words added after the rule, e.g. ``"(prompts per run)"``.
+        type_error: raise this instead (e.g. ``TypeError``) when ``value`` is not an int at all.
     """
+    if type_error is not None and not _is_int(value):
+        raise type_error(f"{name} must be an int, got {value!r}")
     if _is_int(value) and value >= minimum and (maximum is None or value <= maximum):
         return value
     rule = f"an int >= {minimum}" if maximum is None else f"an int in [{minimum}, {maximum}]"

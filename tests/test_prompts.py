@@ -119,7 +119,7 @@ def test_unknown_category_lists_known_ones():
 
 @pytest.mark.parametrize("limit", [0, -3])
 def test_limit_below_one(limit):
-    with pytest.raises(ValueError, match="limit must be >= 1"):
+    with pytest.raises(ValueError, match="limit must be an int >= 1"):
         load_prompts(limit=limit)
 
 

@@ -4,7 +4,8 @@ Verifying a draft tree is one attention call in which the N tree nodes are the
 queries and the keys/values are the committed prefix (KV cache) followed by the
 same N nodes. Node i may see the whole prefix and exactly its ancestors and
 itself; :func:`specviz.tree.tree_attention_mask` and :func:`specviz.tree.pad_trees`
-build that mask from the parent array (SPECDEC.md section 4).
+build that mask from the parent array. Each node's position id is the prefix length plus its depth,
+so siblings share a position.
 
 * :func:`tree_attention` - one ``scaled_dot_product_attention`` call with the tree mask;
 * :func:`tree_attention_reference` - the same maths written out (masked softmax in

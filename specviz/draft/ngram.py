@@ -36,16 +36,13 @@ from specviz.draft.base import Drafter
 from specviz.sampling import SamplingConfig, check_sibling_sampling
 from specviz.tree.core import DraftTree
 from specviz.tree.trie import TokenTrie
+from specviz.validate import check_int
 
 __all__ = ["NgramMatch", "NgramIndex", "NgramDrafter", "NgramTrieDrafter"]
 
 
 def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return value
+    return check_int(name, value, type_error=TypeError)
 
 
 def _ngram_range(n: int, min_n: int) -> tuple[int, int]:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from specviz.locations import DATA_DIR
+from specviz.validate import check_int
 
 __all__ = [
     "CATEGORIES",
@@ -225,10 +226,7 @@ def load_prompts(
         TypeError: ``limit`` is not an int.
     """
     if limit is not None:
-        if isinstance(limit, bool) or not isinstance(limit, int):
-            raise TypeError(f"limit must be an int or None, got {limit!r}")
-        if limit < 1:
-            raise ValueError(f"limit must be >= 1, got {limit}")
+        check_int("limit", limit, type_error=TypeError, note="or None")
 
     file = DEFAULT_PROMPTS_PATH if path is None else Path(path)
     prompts = _read_file(file)

@@ -156,10 +156,8 @@ def toy_pair(vocab: int = 8, max_depth: int = 3, *, sharpness: float = 1.5, draf
         draft_noise: scale of the draft's independent noise (0 = draft is 0.6 x target).
         seed: random seed.
     """
-    if isinstance(vocab, bool) or not isinstance(vocab, int) or not 2 <= vocab <= len(TOY_WORDS):
-        raise ValueError(f"vocab must be an int in [2, {len(TOY_WORDS)}], got {vocab!r}")
-    if isinstance(max_depth, bool) or not isinstance(max_depth, int) or not 1 <= max_depth <= 6:
-        raise ValueError(f"max_depth must be an int in [1, 6] (tables grow as vocab**depth), got {max_depth!r}")
+    check_int("vocab", vocab, 2, len(TOY_WORDS))
+    check_int("max_depth", max_depth, 1, 6, note="(tables grow as vocab**depth)")
     if not sharpness > 0 or not draft_noise >= 0:
         raise ValueError(f"sharpness must be > 0 and draft_noise >= 0, got {sharpness} and {draft_noise}")
     g = make_generator(seed)
