@@ -3,9 +3,12 @@ random pairs for tests) and drive transformers' own KV cache.
 
 * :mod:`~specviz.models.loading` - :func:`load_model`, :func:`load_pair`, :func:`tiny_pair`;
 * :mod:`~specviz.models.kvcache` - one forward of new tokens with an explicit mask and positions,
-  and the cache bookkeeping tree verification needs (compaction, batching rows).
+  and the cache bookkeeping tree verification needs (compaction, batching rows);
+* :mod:`~specviz.models.weights` - weight modes: fp32 (the exactness reference), bf16, fp16,
+  fp32-wx (a small-batch-friendly fp32 product), int8 and int4 weight-only.
 """
 
 from specviz.models.kvcache import *  # noqa: F401,F403
 from specviz.models.loading import *  # noqa: F401,F403
 from specviz.models.loading import BUILTIN_MODELS  # noqa: F401
+from specviz.models.weights import *  # noqa: F401,F403

@@ -46,6 +46,7 @@ __all__ = [
 
 INT4_GROUP_SIZES = (32, 64, 128, 256)  # the group sizes torch's CPU int4 kernel accepts
 _INT4_N_MULTIPLE = 16  # the CPU int4 packing wants out_features divisible by 16
+_PACKED_DTYPE = torch.bfloat16  # activations, scales, zeros and bias of the integer layers
 
 
 def _flat(x: torch.Tensor, in_features: int) -> torch.Tensor:
@@ -99,15 +100,15 @@ class Int8Linear(nn.Module):
     weight is clipped and every dequantized weight is within ``s[n] / 2`` of the original.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype = torch.bfloat16) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
         w = weight.detach().float()  # (N, K)
         self.out_features, self.in_features = w.shape
-        scales = _bf16_at_least(w.abs().amax(dim=1).clamp(min=1e-12) / 127.0).to(dtype)  # (N,)
+        scales = _bf16_at_least(w.abs().amax(dim=1).clamp(min=1e-12) / 127.0)  # (N,)
         q = torch.round(w / scales.float()[:, None]).clamp(-127, 127).to(torch.int8)  # (N, K)
         self.register_buffer("qweight", q)
         self.register_buffer("scales", scales)
-        self.register_buffer("bias", None if bias is None else bias.detach().to(dtype).clone())
+        self.register_buffer("bias", None if bias is None else bias.detach().to(_PACKED_DTYPE).clone())
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> "Int8Linear":
@@ -144,8 +145,7 @@ class Int4Linear(nn.Module):
             the padding is cut from the output.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group_size: int = 64,
-                 dtype: torch.dtype = torch.bfloat16) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group_size: int = 64) -> None:
         super().__init__()
         check_choice("group_size", group_size, INT4_GROUP_SIZES)
         w = weight.detach().float()  # (N, K)
@@ -160,15 +160,15 @@ class Int4Linear(nn.Module):
         lo, hi = groups.amin(dim=2), groups.amax(dim=2)  # (Np, G)
         # The zero is rounded first, then the scale is widened to cover [lo, hi] around it:
         # q = 0 must reach lo (z - 8s <= lo) and q = 15 must reach hi (z + 7s >= hi).
-        zeros = (lo + 8.0 * (hi - lo) / 15.0).to(dtype)  # (Np, G)
+        zeros = (lo + 8.0 * (hi - lo) / 15.0).to(_PACKED_DTYPE)  # (Np, G)
         need = torch.maximum((zeros.float() - lo) / 8.0, (hi - zeros.float()) / 7.0)
-        scales = _bf16_at_least(need.clamp(min=1e-12)).to(dtype)  # (Np, G)
+        scales = _bf16_at_least(need.clamp(min=1e-12))  # (Np, G)
         q = torch.round((groups - zeros.float()[..., None]) / scales.float()[..., None] + 8.0)
         q = q.clamp(0, 15).to(torch.int32).reshape(w.shape)  # (Np, K)
         self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(q, 1))  # (Np, K/2) uint8
         # The kernel reads scale and zero of one group together: (G, Np, 2).
         self.register_buffer("scales_and_zeros", torch.stack([scales, zeros], dim=2).transpose(0, 1).contiguous())
-        self.register_buffer("bias", None if bias is None else bias.detach().to(dtype).clone())
+        self.register_buffer("bias", None if bias is None else bias.detach().to(_PACKED_DTYPE).clone())
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group_size: int = 64) -> "Int4Linear":
@@ -226,9 +226,9 @@ WEIGHT_MODES: dict[str, WeightMode] = {
         WeightMode("fp32-wx", "float32, products computed as (W @ x.T).T", False, torch.float32,
                    WxLinear.from_linear),
         WeightMode("int8", "int8 weights, one scale per output channel; bf16 activations", False,
-                   torch.bfloat16, Int8Linear.from_linear),
+                   _PACKED_DTYPE, Int8Linear.from_linear),
         WeightMode("int4", "4-bit weights, scale and zero per 64 inputs; bf16 activations", False,
-                   torch.bfloat16, Int4Linear.from_linear),
+                   _PACKED_DTYPE, Int4Linear.from_linear),
     )
 }
 
@@ -274,7 +274,8 @@ def quantize_model(model: nn.Module, mode: WeightMode | torch.dtype | str) -> nn
 
     Every ``nn.Linear`` is replaced by the mode's layer (quantized from the weights as they
     are, before any cast), then the remaining parameters are cast to the mode's activation
-    dtype (buffers are left as they are). A tied LM head is converted as its own copy; the embedding table is kept.
+    dtype (buffers are left as they are). A tied LM head is converted as its own copy; the
+    embedding table is kept.
 
     Raises:
         ValueError: unknown mode; a model already converted to a non-plain mode (load it
