@@ -1,4 +1,4 @@
-"""The speculative decoding engine (specviz.decode, specviz.kvcache) on the tiny random pair:
+"""The speculative decoding engine (specviz.decode, specviz.models.kvcache) on the tiny random pair:
 greedy identity with the target for every drafter, the KV cache after acceptance, batches,
 replay, the distribution test for every lossless verifier, stopping and errors."""
 

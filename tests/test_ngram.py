@@ -1,4 +1,4 @@
-"""N-gram index and prompt-lookup drafters (specviz.ngram)."""
+"""N-gram index and prompt-lookup drafters (specviz.draft.ngram)."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Tests for specviz.synthetic: toy models, drafting by sibling mode, the distribution check."""
+"""Tests for specviz.verify.lab: toy models, drafting by sibling mode, the distribution check."""
 
 from __future__ import annotations
 

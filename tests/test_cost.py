@@ -1,4 +1,4 @@
-"""Tests for specviz.speed: cost curves, the step-cost model and timed runs (tiny models)."""
+"""Tests for specviz.bench.cost: cost curves, the step-cost model and timed runs (tiny models)."""
 
 from __future__ import annotations
 

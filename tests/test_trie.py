@@ -1,4 +1,4 @@
-"""Token-tree merge of several draft trees (specviz.merge)."""
+"""Token-tree merge of several draft trees (specviz.tree.trie)."""
 
 import pytest
 import torch

@@ -1,6 +1,6 @@
-"""Tests for specviz.sweep: the rank walk and the shared dynamic replay equal the engine's
-replay, the tree scorer equals a plain forward, and the aggregations follow the
-definitions of specviz.metrics."""
+"""Tests for specviz.decode.replay, ranks and scoring: the rank walk and the shared
+dynamic replay equal the engine's replay, the tree scorer equals a plain forward, and the
+aggregations follow the definitions of specviz.metrics."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests for specviz.results: tables written atomically, and a unit store that resumes."""
+"""Tests for specviz.study.store: tables written atomically, and a unit store that resumes."""
 
 from __future__ import annotations
 
