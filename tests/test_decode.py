@@ -29,7 +29,7 @@ from specviz.models.kvcache import cache_length, compact_cache, forward_tokens, 
 from specviz.models.loading import LoadedModel, TokenizerMismatchError, tiny_model, tiny_tokenizer
 from specviz.draft.ngram import NgramDrafter, NgramTrieDrafter
 from specviz.sampling import SamplingConfig, probs_from_logits
-from specviz.tree.shapes import chain, expansion, from_paths, kary
+from specviz.tree.shapes import expansion, from_paths, kary
 from specviz.tree.core import DraftTree, pad_trees, tree_attention_mask
 
 PROMPTS = (

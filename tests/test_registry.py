@@ -14,9 +14,9 @@ from specviz.draft import (
     SelfSpeculativeDrafter,
     TreeDrafter,
 )
+from specviz.tree.budgets import budgeted_kary
 from specviz.draft.registry import (
     STRATEGIES,
-    budgeted_kary,
     build_drafter,
     parse_strategy,
 )

@@ -25,8 +25,8 @@ from specviz.draft.merged import MergedDrafter
 from specviz.draft.model import ChainDrafter, DynamicTreeDrafter, TreeDrafter
 from specviz.draft.ngram import NgramDrafter, NgramTrieDrafter
 from specviz.draft.self_spec import SelfSpeculativeDrafter
-from specviz.tree.shapes import TreeShape, chain, expansion
-from specviz.validate import check_int
+from specviz.tree.budgets import budgeted_kary
+from specviz.tree.shapes import chain, expansion
 
 __all__ = [
     "Param",
@@ -37,7 +37,6 @@ __all__ = [
     "parse_name",
     "parse_strategy",
     "build_drafter",
-    "budgeted_kary",
 ]
 
 #: a parameter's value: an int, a list of ints ("2x2x1") or a word ("heuristic")
@@ -158,26 +157,6 @@ class MethodSpec:
         if temperature == 0.0:
             return "greedy"
         return override or self.definition.verifier
-
-
-def budgeted_kary(width: int, depth: int, budget: int) -> TreeShape:
-    """The first ``budget`` nodes, breadth first, of the full ``width``-ary tree of ``depth``:
-    the top-``width`` candidates at every node, shallow levels filled first."""
-    check_int("width", width)
-    check_int("depth", depth)
-    check_int("budget", budget)
-    parents, ranks, level_of = [-1], [0], [0]
-    u = 0
-    while len(parents) <= budget and u < len(parents):
-        if level_of[u] < depth:
-            for r in range(width):
-                if len(parents) > budget:
-                    break
-                parents.append(u)
-                ranks.append(r)
-                level_of.append(level_of[u] + 1)
-        u += 1
-    return TreeShape(tuple(parents), tuple(ranks))
 
 
 def _tree(pair, a: dict[str, Any]) -> Drafter:

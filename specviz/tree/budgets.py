@@ -1,6 +1,8 @@
 """Static shapes at an exact draft budget, one per family, for sweeps over budgets.
 
 * :func:`first_nodes` - a breadth-first shape cut to a budget;
+* :func:`budgeted_kary` - the first ``budget`` nodes of a k-ary tree, built without the
+  full tree (``width ** depth`` nodes would not fit in memory for wide, deep settings);
 * :func:`budget_shapes` - chain, complete 2-ary and 4-ary trees, SpecInfer's expansion
   ``[3, 2, 1, ...]`` and Sequoia's optimal tree, each with exactly the budget;
 * :func:`shape_key` - a short stable id of a shape for result stores.
@@ -17,7 +19,7 @@ from specviz.tree.sequoia import sequoia_tree
 from specviz.tree.shapes import TreeShape, chain, expansion, kary
 from specviz.validate import check_int
 
-__all__ = ["SHAPE_FAMILIES", "first_nodes", "shape_key", "budget_shapes"]
+__all__ = ["SHAPE_FAMILIES", "first_nodes", "budgeted_kary", "shape_key", "budget_shapes"]
 
 
 #: The static shape families :func:`budget_shapes` builds, in the order it returns them.
@@ -35,6 +37,26 @@ def first_nodes(shape: TreeShape, n: int) -> TreeShape:
     if n > shape.budget:
         raise ValueError(f"the shape has {shape.budget} draft nodes, fewer than the {n} requested")
     return TreeShape(shape.parents[:n + 1], shape.ranks[:n + 1])
+
+
+def budgeted_kary(width: int, depth: int, budget: int) -> TreeShape:
+    """The first ``budget`` nodes, breadth first, of the full ``width``-ary tree of ``depth``:
+    the top-``width`` candidates at every node, shallow levels filled first."""
+    check_int("width", width)
+    check_int("depth", depth)
+    check_int("budget", budget)
+    parents, ranks, level_of = [-1], [0], [0]
+    u = 0
+    while len(parents) <= budget and u < len(parents):
+        if level_of[u] < depth:
+            for r in range(width):
+                if len(parents) > budget:
+                    break
+                parents.append(u)
+                ranks.append(r)
+                level_of.append(level_of[u] + 1)
+        u += 1
+    return TreeShape(tuple(parents), tuple(ranks))
 
 
 def shape_key(shape: TreeShape) -> str:
