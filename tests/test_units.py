@@ -1,4 +1,4 @@
-"""Tests for specviz.study.units: store-backed units of the study notebooks (tiny models)."""
+"""Tests for specviz.study.units: the study notebooks' units of work (tiny models, in this process)."""
 
 from __future__ import annotations
 
@@ -15,70 +15,105 @@ from specviz.draft.self_spec import self_speculative_model
 from specviz.metrics.acceptance import label_rows
 from specviz.study.prompts import Prompt
 from specviz.study.store import ResultStore
-from specviz.study.units import (DYNAMIC_STRATEGY, replay_drafter_units, replay_dynamic_units, replay_shape_units,
-                                 stored_draft_ranks, timed_unit)
+from specviz.study.units import (DYNAMIC_STRATEGY, drafter_units, dynamic_units, layer_units, rank_units, ranks_from,
+                                 reference_id, reference_units, references_from, shape_units, timed_unit)
+from specviz.study.work import ModelSpec, Work
 from specviz.tree.budgets import budget_shapes, shape_key
 
 LABELS = {"question_id": 7, "category": "code"}
+SPEC = ModelSpec("tiny", "fp32")  # the same pair as the tiny_pair fixture
+PROMPT = Prompt(7, "code", ("def fizzbuzz(n):",))
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_pair):
-    return greedy_reference(tiny_pair.target, "def fizzbuzz(n):", 20)
+def work():
+    return Work(SPEC)
 
 
-def test_stored_draft_ranks_are_computed_once(tiny_pair, reference, tmp_path):
+@pytest.fixture(scope="module")
+def reference(work):
+    store = ResultStore(None)
+    work.run(store, reference_units(SPEC, [PROMPT], 20))
+    return references_from(store, SPEC, [PROMPT], 20)[7]
+
+
+def test_reference_units_equal_greedy_decoding(tiny_pair, reference, work, tmp_path):
+    direct = greedy_reference(tiny_pair.target, PROMPT.text, 20)
+    assert reference.prompt_ids == direct.prompt_ids and reference.output_ids == direct.output_ids
+    assert reference.text == direct.text and reference.max_new_tokens == 20
+    assert reference_id(SPEC, PROMPT, 20).startswith("tiny-0/fp32/T20/")
+
+
+def test_rank_units_store_teacher_forced_ranks_once(tiny_pair, reference, tmp_path):
+    work = Work(SPEC, out_dir=tmp_path)
     store = ResultStore.open(tmp_path, "ranks")
-    ranks = stored_draft_ranks(store, tiny_pair.draft, tiny_pair.target, reference)
-    assert torch.equal(ranks, draft_ranks(tiny_pair.draft, reference.prompt_ids, reference.output_ids))
-    key = reference_key(tiny_pair.target, reference.prompt_ids, 20)
-    assert store.units == (f"{tiny_pair.draft.name}/{key}",)
-    again = ResultStore.open(tmp_path, "ranks")
-    assert torch.equal(stored_draft_ranks(again, tiny_pair.draft, tiny_pair.target, reference), ranks)
-    assert len(again) == 1
+    units = rank_units(SPEC, ["draft", "self-L1"], {7: reference})
+    work.run(store, units)
+    assert torch.equal(ranks_from(store, SPEC, "draft", reference),
+                       draft_ranks(tiny_pair.draft, reference.prompt_ids, reference.output_ids))
+    small = self_speculative_model(tiny_pair.target, 1)
+    assert torch.equal(ranks_from(store, SPEC, "self-L1", reference),
+                       draft_ranks(small, reference.prompt_ids, reference.output_ids))
+    assert work.executed == 2
+    again = Work(SPEC, out_dir=tmp_path)
+    again.run(ResultStore.open(tmp_path, "ranks"), units)
+    assert again.executed == 0
+    times = ResultStore.open(tmp_path, "unit_times").frame()
+    assert len(times) == 2 and (times["seconds"] > 0).all() and set(times["batch"]) == {"units"}
 
 
-def test_shape_units_store_labelled_replays(tiny_pair, reference, tmp_path):
+def test_shape_units_store_labelled_replays(tiny_pair, reference, work):
     ranks = draft_ranks(tiny_pair.draft, reference.prompt_ids, reference.output_ids)
     shapes = budget_shapes(4)
-    store = ResultStore.open(tmp_path, "steps")
-    units = replay_shape_units(store, tiny_pair.target, reference, ranks, shapes, pair="tiny", budget=4,
-                               labels=LABELS)
-    key = reference_key(tiny_pair.target, reference.prompt_ids, 20)
-    assert units == tuple(f"tiny/{family}/{shape_key(shape)}/{key}" for family, shape in shapes.items())
-    chain_rows = store.rows_of(units[0])
+    store = ResultStore(None)
+    units = shape_units(SPEC, reference, ranks, shapes, pair="tiny", budget=4, labels=LABELS)
+    ids = work.run(store, units)
+    assert [u.split("/")[1:3] for u in ids] == [[family, shape_key(shape)] for family, shape in shapes.items()]
+    chain_rows = store.rows_of(ids[0])
     expected = label_rows(replay_shape(shapes["chain"], ranks, reference, target=tiny_pair.target),
                           pair="tiny", strategy="chain", budget=4, **LABELS)
     assert chain_rows == expected
     assert list(chain_rows[0])[:5] == ["pair", "strategy", "budget", "question_id", "category"]
-    # a second call finds every unit and runs nothing
-    resumed = ResultStore.open(tmp_path, "steps")
-    assert replay_shape_units(resumed, tiny_pair.target, reference, torch.zeros(0, dtype=torch.long), shapes,
-                              pair="tiny", budget=4, labels=LABELS) == units
 
 
-def test_dynamic_units_run_only_missing_budgets(tiny_pair, reference, tmp_path):
-    store = ResultStore.open(tmp_path, "steps")
-    first = replay_dynamic_units(store, tiny_pair.target, tiny_pair.draft, reference, [4], topk=2, depth=3,
-                                 pair="tiny", labels=LABELS)
-    both = replay_dynamic_units(store, tiny_pair.target, tiny_pair.draft, reference, [4, 8], topk=2, depth=3,
-                                pair="tiny", labels=LABELS)
-    key = reference_key(tiny_pair.target, reference.prompt_ids, 20)
-    assert both == (f"tiny/dynamic-k2-d3/4/{key}", f"tiny/dynamic-k2-d3/8/{key}") and both[0] == first[0]
+def test_dynamic_units_replay_every_budget_in_one_unit(tiny_pair, reference, work):
+    store = ResultStore(None)
+    (unit,) = work.run(store, dynamic_units(SPEC, reference, [8, 4], topk=2, depth=3, pair="tiny", labels=LABELS))
+    assert unit.startswith("tiny/dynamic-k2-d3/4-8/")
     replayed = replay_dynamic(tiny_pair.draft, reference, [4, 8], topk=2, depth=3, target=tiny_pair.target)
-    for b, unit in zip((4, 8), both):
-        assert store.rows_of(unit) == label_rows(replayed[b], pair="tiny", strategy=DYNAMIC_STRATEGY, budget=b,
-                                                 **LABELS)
+    expected = [row for b in (4, 8) for row in label_rows(replayed[b], pair="tiny", strategy=DYNAMIC_STRATEGY,
+                                                          budget=b, **LABELS)]
+    assert store.rows_of(unit) == expected
 
 
-def test_drafter_units_key_by_name_and_variant(tiny_pair, reference, tmp_path):
-    store = ResultStore.open(tmp_path, "steps")
+def test_drafter_units_key_by_name_and_variant(tiny_pair, reference, work):
+    store = ResultStore(None)
     drafter = NgramDrafter(n=2, k=4)
-    (unit,) = replay_drafter_units(store, tiny_pair.target, reference, {"n-gram chain": drafter}, pair="ngram",
-                                   budget=4, variant="d8", labels=LABELS)
-    assert unit == f"ngram/{drafter.name}/d8/{reference_key(tiny_pair.target, reference.prompt_ids, 20)}"
+    (unit,) = work.run(store, drafter_units(SPEC, reference, {"n-gram chain": drafter}, pair="ngram", budget=4,
+                                            variant="d8", labels=LABELS))
+    assert unit.startswith(f"ngram/{drafter.name}/d8/tiny-0/fp32/T20/")
     records = records_from_result(replay_acceptance(tiny_pair.target, NgramDrafter(n=2, k=4), reference))
     assert store.rows_of(unit) == label_rows(records, pair="ngram", strategy="n-gram chain", budget=4, **LABELS)
+
+
+def test_layer_units_measure_truncated_agreement(reference, work):
+    store = ResultStore(None)
+    (unit,) = work.run(store, layer_units(SPEC, reference, [1]))
+    row = store.rows_of(unit)[0]
+    assert row["layers"] == 1 and row["share_of_target_layers"] == 0.5
+    assert 0.0 <= row["a_2"] <= row["a_1 (top-1 agrees)"] + row["a_2"] <= 1.0
+
+
+def test_work_rejects_repeated_unit_ids(reference, work):
+    units = layer_units(SPEC, reference, [1, 1])
+    with pytest.raises(ValueError, match="distinct"):
+        work.run(ResultStore(None), units)
+
+
+def test_model_spec_checks_its_kind():
+    with pytest.raises(ValueError, match="models"):
+        ModelSpec("huge")
+    assert ModelSpec().labels == ("0.5B", "1.5B")
 
 
 def test_timed_unit_runs_once_and_reads_back(tiny_pair, tmp_path):
@@ -92,8 +127,9 @@ def test_timed_unit_runs_once_and_reads_back(tiny_pair, tmp_path):
 
     row = timed_unit(store, tiny_pair.target, prompt, "chain-k2", make, max_new_tokens=5, position=1)
     assert list(row) == ["method", "question_id", "category", "position", "new_tokens", "wall_s", "steps", "drafted",
-                         "accepted", "draft_s", "verify_s", "mean_nodes", "output_ids"]
+                         "accepted", "draft_s", "verify_s", "mean_nodes", "output_ids", "machine"]
     assert row["method"] == "chain-k2" and row["question_id"] == 3 and row["new_tokens"] == 5
+    assert "cores)" in row["machine"]
     again = timed_unit(ResultStore.open(tmp_path, "speed"), tiny_pair.target, prompt, "chain-k2", make,
                        max_new_tokens=5, position=1)
     assert again == row and len(calls) == 1

@@ -19,6 +19,7 @@ interrupted conversion or a corrupted download never leaves a half-written entry
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import importlib.util
@@ -26,6 +27,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -195,9 +197,16 @@ def cache_dir(override: str | os.PathLike | None = None) -> Path:
     return path
 
 
-def _remove_stale_temp(root: Path) -> None:
-    # Temporary entries of a run that was killed; complete entries are never named ".tmp-*".
+def _remove_stale_temp(root: Path, min_age_s: float = 6 * 3600) -> None:
+    # Temporary entries of a run that was killed (complete entries are never named
+    # ".tmp-*"); recent ones may belong to another process converting right now.
+    now = time.time()
     for stale in root.glob(".tmp-*"):
+        try:
+            if now - stale.stat().st_mtime < min_age_s:
+                continue
+        except OSError:
+            continue
         if stale.is_dir():
             shutil.rmtree(stale, ignore_errors=True)
         else:
@@ -260,12 +269,38 @@ def _assemble_gguf(spec: BuiltinModel, dest: Path) -> None:
         raise
 
 
+@contextlib.contextmanager
+def _cache_lock(root: Path, name: str):
+    """An exclusive lock on one cache entry across processes (the study's workers may
+    ask for the same model at once); a no-op where ``fcntl`` is missing (Windows)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    lock_dir = root / "models"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    with open(lock_dir / f".lock-{name}", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def _convert_builtin(spec: BuiltinModel, root: Path) -> Path:
     """Build the fp32 cache entry for a built-in model and return its directory."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     final = root / "models" / f"{spec.name}-fp32"
     if (final / "specviz.json").exists():
+        return final
+    with _cache_lock(root, final.name):
+        return _convert_builtin_locked(spec, root, final)
+
+
+def _convert_builtin_locked(spec: BuiltinModel, root: Path, final: Path) -> Path:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if (final / "specviz.json").exists():  # another process finished it while this one waited
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temp(final.parent)
@@ -299,11 +334,18 @@ def _builtin_entry(spec: BuiltinModel, dtype: torch.dtype, root: Path) -> Path:
     fp32 = _convert_builtin(spec, root)
     if dtype == torch.float32:
         return fp32
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     final = root / "models" / f"{spec.name}-{_dtype_tag(dtype)}"
     if (final / "specviz.json").exists():
         return final
+    with _cache_lock(root, final.name):
+        if (final / "specviz.json").exists():
+            return final
+        return _convert_dtype_locked(spec, dtype, fp32, final)
+
+
+def _convert_dtype_locked(spec: BuiltinModel, dtype: torch.dtype, fp32: Path, final: Path) -> Path:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     work = Path(tempfile.mkdtemp(prefix=".tmp-", dir=final.parent))
     try:
         model = AutoModelForCausalLM.from_pretrained(str(fp32), dtype=dtype)

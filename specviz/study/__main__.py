@@ -26,6 +26,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", help="run directory (default: outputs/<preset>)")
     p.add_argument("--only", metavar="NN[,NN...]", help="run only these notebooks, e.g. 02,05")
     p.add_argument("--force", action="store_true", help="re-run notebooks that already finished")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--workers", metavar="N", type=int,
+                       help="run the notebooks' units on a local Dask cluster of N worker processes")
+    where.add_argument("--scheduler", metavar="ADDRESS",
+                       help="run them on an existing Dask cluster (e.g. tcp://10.0.0.5:8786)")
     p.add_argument("--no-progress", action="store_true", help="no per-cell progress bar")
     p.add_argument("--list", action="store_true", help="list the presets and notebooks, then exit")
     p.add_argument("--refresh-committed", action="store_true",
@@ -47,6 +52,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.limit is not None and args.limit < 1:
         parser.error(f"--limit must be >= 1, got {args.limit}")
+    if args.workers is not None and args.workers < 1:
+        parser.error(f"--workers must be >= 1, got {args.workers}")
     only = [s for s in args.only.split(",") if s.strip()] if args.only else None
     try:
         if args.list:
@@ -55,7 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             refresh_committed(only, progress=not args.no_progress)
         else:
             run_study(args.preset, out_dir=args.out, prompts=args.prompts, limit=args.limit, only=only,
-                      force=args.force, progress=not args.no_progress)
+                      force=args.force, progress=not args.no_progress, workers=args.workers,
+                      scheduler=args.scheduler)
     except StudyConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -32,6 +32,7 @@ environment it was started from.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import sys
@@ -41,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from specviz.locations import NOTEBOOKS_DIR, OUTPUTS_DIR
+from specviz.study.cluster import UnitProgress
 from specviz.study.notebooks import clean_notebook, export_html
 from specviz.study.presets import NotebookRun, Preset, StudyConfigError, get_preset
 from specviz.study.store import atomic_write_text
@@ -48,6 +50,8 @@ from specviz.validate import check_int
 
 if TYPE_CHECKING:
     import torch
+
+    from specviz.study.cluster import StudyCluster
 
 __all__ = [
     "NotebookFailedError",
@@ -160,7 +164,7 @@ def _fingerprint(notebook: Path, params: Mapping[str, Any], prompts: Path | None
     for cell in nb.cells:
         h.update(cell.cell_type.encode())
         h.update(b"\0" + cell.source.encode() + b"\0")
-    payload = {k: v for k, v in params.items() if k != "out_dir"}
+    payload = {k: v for k, v in params.items() if k not in ("out_dir", "scheduler")}
     h.update(json.dumps(payload, sort_keys=True, default=str).encode())
     if prompts is not None and "prompts_path" in params:
         h.update(hashlib.sha256(prompts.read_bytes()).digest())
@@ -248,6 +252,7 @@ def _read_marker(path: Path) -> dict[str, Any] | None:
 def run_study(preset: str | Preset = "quick", *, out_dir: str | Path | None = None,
               prompts: str | Path | None = None, limit: int | None = None,
               only: Sequence[str] | None = None, force: bool = False, progress: bool = True,
+              workers: int | None = None, scheduler: str | None = None,
               log: Callable[[str], None] | None = None) -> StudyResult:
     """Run a preset's notebooks in order, skipping those already finished.
 
@@ -259,6 +264,10 @@ def run_study(preset: str | Preset = "quick", *, out_dir: str | Path | None = No
         only: notebook numbers or stems to run (e.g. ``["02", "05"]``), default all.
         force: re-run notebooks even if they finished with the same fingerprint.
         progress: show papermill's per-cell progress bar.
+        workers: run the notebooks' units on a local Dask cluster of this many worker
+            processes (:class:`~specviz.study.cluster.StudyCluster`).
+        scheduler: run them on the existing Dask cluster at this address instead.
+            Without either, every unit runs in its notebook's process.
         log: where progress lines go.
 
     Raises:
@@ -267,6 +276,10 @@ def run_study(preset: str | Preset = "quick", *, out_dir: str | Path | None = No
         NotebookFailedError: when a notebook raises (earlier notebooks stay finished).
     """
     log = log or log_line
+    if workers is not None and scheduler:
+        raise StudyConfigError("give --workers (start a local cluster) or --scheduler (use one), not both")
+    if workers is not None:
+        check_int("workers", workers, error=StudyConfigError)
     spec = get_preset(preset)
     runs = _select(spec.runs, only)
     prompts_path = _check_prompts(prompts)
@@ -285,9 +298,34 @@ def run_study(preset: str | Preset = "quick", *, out_dir: str | Path | None = No
         log("[study] note: no selected notebook reads prompts, so --prompts/--limit change nothing")
 
     out.mkdir(parents=True, exist_ok=True)
+    log(f"[study] preset {spec.name!r}: {len(plans)} notebook(s) -> {out}")
+    with contextlib.ExitStack() as stack:
+        cluster = None
+        if workers is not None or scheduler:
+            from specviz.study.cluster import StudyCluster
+
+            cluster = stack.enter_context(StudyCluster(workers=workers, scheduler=scheduler, log=log))
+        outcomes = _run_plans(plans, spec, out, force=force, progress=progress, cluster=cluster, log=log)
+    manifest_path = out / "study.json"
+
+    report = None
+    if spec.report is not None:
+        outcome = next((o for o in outcomes if o.notebook == spec.report), None)
+        if outcome is not None:
+            report = export_html(outcome.executed, out / "report.html", hide_code=True)
+            log(f"[study] report: {report}")
+    _write_manifest(manifest_path, spec, outcomes, plans)
+    total = sum(o.elapsed_s for o in outcomes if o.status == "ran")
+    log(f"[study] finished: {sum(o.status == 'ran' for o in outcomes)} ran ({total:.0f} s), "
+        f"{sum(o.status == 'skipped' for o in outcomes)} skipped; results in {out}")
+    return StudyResult(out, spec.name, tuple(outcomes), report)
+
+
+def _run_plans(plans: Sequence[_Plan], spec: Preset, out: Path, *, force: bool, progress: bool,
+               cluster: "StudyCluster | None", log: Callable[[str], None]) -> list[NotebookOutcome]:
+    """Run (or skip) each planned notebook in order; the manifest is rewritten after each."""
     manifest_path = out / "study.json"
     outcomes: list[NotebookOutcome] = []
-    log(f"[study] preset {spec.name!r}: {len(plans)} notebook(s) -> {out}")
     for i, plan in enumerate(plans, 1):
         run, params = plan.run, plan.parameters
         executed = out / "notebooks" / run.notebook
@@ -305,7 +343,15 @@ def run_study(preset: str | Preset = "quick", *, out_dir: str | Path | None = No
         log(f"[study {i}/{len(plans)}] {run.stem}: running with {shown or 'its defaults'}")
         marker.unlink(missing_ok=True)
         start = time.perf_counter()
-        _execute(plan.source, executed, params, progress)
+        uses_cluster = cluster is not None and "scheduler" in declared_parameters(plan.source)
+        if cluster is not None and not uses_cluster:
+            cluster.fresh_workers()  # the notebook loads its models itself: free the workers' memory
+        if uses_cluster:
+            params = {**params, "scheduler": cluster.address}
+            cluster.used = True
+        with UnitProgress(out, enabled=progress):
+            _execute(plan.source, executed, params, progress)
+        params = plan.parameters
         export_html(executed, html)
         elapsed = time.perf_counter() - start
         atomic_write_text(marker, json.dumps({
@@ -315,18 +361,7 @@ def run_study(preset: str | Preset = "quick", *, out_dir: str | Path | None = No
         log(f"[study {i}/{len(plans)}] {run.stem}: done in {elapsed:.0f} s")
         outcomes.append(NotebookOutcome(run.stem, "ran", elapsed, executed, html))
         _write_manifest(manifest_path, spec, outcomes, plans)
-
-    report = None
-    if spec.report is not None:
-        outcome = next((o for o in outcomes if o.notebook == spec.report), None)
-        if outcome is not None:
-            report = export_html(outcome.executed, out / "report.html", hide_code=True)
-            log(f"[study] report: {report}")
-    _write_manifest(manifest_path, spec, outcomes, plans)
-    total = sum(o.elapsed_s for o in outcomes if o.status == "ran")
-    log(f"[study] finished: {sum(o.status == 'ran' for o in outcomes)} ran ({total:.0f} s), "
-        f"{sum(o.status == 'skipped' for o in outcomes)} skipped; results in {out}")
-    return StudyResult(out, spec.name, tuple(outcomes), report)
+    return outcomes
 
 
 def _report_inputs(out: Path, spec: Preset) -> list[list[str]] | None:

@@ -285,13 +285,23 @@ class ResultStore:
                 self._valid_bytes = fh.tell()
         self._units[unit] = clean
 
-    def rows(self) -> list[dict[str, Any]]:
-        """Every row of every finished unit, in finishing order, with a ``unit`` column."""
-        return [{"unit": unit, **row} for unit, rows in self._units.items() for row in rows]
+    def rows(self, units: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        """Every row of every finished unit with a ``unit`` column: in finishing order, or
+        of ``units`` only, in that order (a result that does not depend on which unit of a
+        parallel run finished first).
 
-    def frame(self) -> pd.DataFrame:
+        Raises:
+            KeyError: naming the first of ``units`` that is not finished.
+        """
+        order = self._units if units is None else list(units)
+        for unit in order:
+            if unit not in self._units:
+                raise KeyError(f"unit {unit!r} is not in the store ({len(self._units)} units finished)")
+        return [{"unit": unit, **row} for unit in order for row in self._units[unit]]
+
+    def frame(self, units: Iterable[str] | None = None) -> pd.DataFrame:
         """:meth:`rows` as a DataFrame (NaN where a unit's rows lack a column)."""
-        rows = self.rows()
+        rows = self.rows(units)
         if not rows:
             return pd.DataFrame({"unit": pd.Series(dtype=str)})
         return pd.DataFrame(rows)

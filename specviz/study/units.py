@@ -1,143 +1,313 @@
-"""Units of work of the study notebooks, each kept in a :class:`~specviz.study.store.ResultStore`.
+"""The study notebooks' units of work (:class:`~specviz.study.work.Unit`), each kept in a
+:class:`~specviz.study.store.ResultStore` and run by :class:`~specviz.study.work.Work` in
+the notebook's process or on a Dask cluster.
 
-A unit is run only when its id is not in the store yet, so an interrupted study run
-resumes where it stopped. This module owns the unit ids; every id ends with the
-greedy reference's key (:func:`~specviz.decode.reference_key`: target, dtype, token
-budget and a hash of the prompt ids), so a unit never reads back a result computed for
-another prompt or model.
+Every unit names its models by :class:`~specviz.study.work.ModelSpec` and carries the
+token ids it works on, so a worker process can run it from its id and arguments alone.
+Unit ids end with the greedy reference's key (:func:`reference_id`: target, weight mode,
+token budget and a hash of the prompt text), so a unit never reads back a result
+computed for another prompt or model.
 
-* :func:`stored_draft_ranks` - teacher-forced draft ranks along a reference;
-* :func:`replay_shape_units`, :func:`replay_dynamic_units`, :func:`replay_drafter_units` -
-  greedy replays of static shapes, EAGLE-2 dynamic trees and any drafter, stored as
-  labelled step rows (:func:`~specviz.metrics.label_rows` of
-  :class:`~specviz.decode.StepRecord` objects);
-* :func:`timed_unit` - one timed generation (:func:`~specviz.bench.cost.timed_run`).
+* :func:`reference_units` - the target's greedy continuations (:func:`references_from`
+  reads them back as :class:`~specviz.decode.GenerationResult` objects);
+* :func:`rank_units` - teacher-forced draft ranks along a reference;
+* :func:`shape_units`, :func:`dynamic_units`, :func:`drafter_units` - greedy replays of
+  static shapes, EAGLE-2 dynamic trees and model-free drafters, stored as labelled step
+  rows (:func:`~specviz.metrics.label_rows` of :class:`~specviz.decode.StepRecord`);
+* :func:`layer_units` - top-1/top-2 agreement of truncated targets (self-speculation);
+* :func:`engine_units` - live engine replays of model drafters (the cross-check);
+* :func:`sampled_units` - sampled verification along a reference (expected vs realised);
+* :func:`rules_units` - every verification rule along a reference at several temperatures;
+* :func:`timed_units`, :func:`cost_units` - timed generations and forward cost curves
+  (the speed notebook runs them with ``timing=True``: one at a time, on one worker);
+  :func:`timed_unit` - one timed generation in this process, kept in a store.
 
 Dimension legend: T = continuation tokens.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from specviz.bench.cost import timed_run
-from specviz.decode.engine import encode_prompt
-from specviz.decode.ranks import draft_ranks
-from specviz.decode.records import GenerationResult, records_from_result
-from specviz.decode.replay import reference_key, replay_acceptance, replay_dynamic, replay_shape
-from specviz.draft.base import Drafter
-from specviz.metrics.acceptance import label_rows
-from specviz.models.loading import LoadedModel
+from specviz.decode.records import GenerationResult
+from specviz.sampling import GREEDY, SamplingConfig
 from specviz.study.prompts import Prompt
 from specviz.study.store import ResultStore
+from specviz.draft.base import Drafter
+from specviz.models.loading import LoadedModel
+from specviz.study.work import ModelSpec, Unit, draft_source, models_for
 from specviz.tree.budgets import shape_key
 from specviz.tree.shapes import TreeShape
 
 __all__ = [
     "DYNAMIC_STRATEGY",
-    "stored_draft_ranks",
-    "replay_shape_units",
-    "replay_dynamic_units",
-    "replay_drafter_units",
+    "reference_id",
+    "reference_units",
+    "references_from",
+    "rank_units",
+    "ranks_from",
+    "shape_units",
+    "dynamic_units",
+    "drafter_units",
+    "layer_units",
+    "engine_units",
+    "sampled_units",
+    "rules_units",
     "timed_unit",
+    "timed_units",
+    "cost_units",
+    "tree_drafter",
+    "result_from_row",
 ]
 
 #: the strategy label of EAGLE-2 dynamic trees in step tables
 DYNAMIC_STRATEGY = "dynamic (EAGLE-2)"
 
 
-def _key(target: LoadedModel, reference: GenerationResult) -> str:
-    return reference_key(target, reference.prompt_ids, reference.max_new_tokens)
+def reference_id(models: ModelSpec, prompt: Prompt, max_new_tokens: int) -> str:
+    """Unit id of a greedy reference: ``<target>/<mode>/T<tokens>/<hash of the prompt text>``
+    (``tiny-<seed>`` for the tiny pair)."""
+    digest = hashlib.sha256(prompt.text.encode()).hexdigest()[:16]
+    target = models.target if models.kind == "builtin" else f"tiny-{models.seed}"
+    return f"{target}/{models.dtype}/T{max_new_tokens}/{digest}"
 
 
-def stored_draft_ranks(store: ResultStore, draft: LoadedModel, target: LoadedModel,
-                       reference: GenerationResult) -> torch.Tensor:
-    """``(T,)`` teacher-forced ranks of ``reference``'s tokens among ``draft``'s candidates
-    (:func:`~specviz.decode.draft_ranks`), computed once per unit
-    ``<draft>/<reference key>``."""
-    unit = f"{draft.name}/{_key(target, reference)}"
-    if unit not in store:
-        store.add(unit, {"ranks": draft_ranks(draft, reference.prompt_ids, reference.output_ids).tolist()})
-    return torch.tensor(store.rows_of(unit)[0]["ranks"])
+def _reference_row(models: ModelSpec, text: str, max_new_tokens: int) -> dict[str, Any]:
+    from specviz.decode.engine import encode_prompt, plain_generate
+
+    target = models_for(models).target
+    ids = encode_prompt(target.tokenizer, text)
+    ref = plain_generate(target, ids, max_new_tokens=max_new_tokens, config=GREEDY, stop_at_eos=False)
+    return {"prompt_ids": list(ref.prompt_ids), "output_ids": list(ref.output_ids), "text": ref.text,
+            "wall_s": ref.wall_s, "stop_reason": ref.stop_reason}
 
 
-def replay_shape_units(store: ResultStore, target: LoadedModel, reference: GenerationResult, ranks: torch.Tensor,
-                       shapes: Mapping[str, TreeShape], *, pair: str, budget: int,
-                       labels: Mapping[str, Any]) -> tuple[str, ...]:
-    """Greedy replays of static shapes (:func:`~specviz.decode.replay_shape`), one unit
-    ``<pair>/<family>/<shape key>/<reference key>`` per shape.
+def reference_units(models: ModelSpec, prompts: Sequence[Prompt], max_new_tokens: int) -> list[Unit]:
+    """One unit per prompt: the target's greedy continuation of ``max_new_tokens``
+    tokens, recorded past end-of-sequence so any replay of that budget can use it."""
+    return [Unit(reference_id(models, p, max_new_tokens), _reference_row,
+                 {"text": p.text, "max_new_tokens": max_new_tokens}) for p in prompts]
 
-    Args:
-        store: where the step rows are kept.
-        target: the target model (end-of-sequence ids and context limit).
-        reference: the target's greedy continuation.
-        ranks: the draft's teacher-forced ranks along it (:func:`stored_draft_ranks`).
-        shapes: shape per family name (the ``strategy`` column).
-        pair: the draft/target pair's label (the ``pair`` column).
-        budget: the draft budget of the shapes (the ``budget`` column).
-        labels: further constant columns, e.g. ``question_id`` and ``category``.
 
-    Returns:
-        The unit ids, in the order of ``shapes``.
-    """
-    units = []
+def references_from(store: ResultStore, models: ModelSpec, prompts: Sequence[Prompt],
+                    max_new_tokens: int) -> dict[int, GenerationResult]:
+    """The finished references of :func:`reference_units`, by question id."""
+    out = {}
+    for p in prompts:
+        row = store.rows_of(reference_id(models, p, max_new_tokens))[0]
+        out[p.question_id] = GenerationResult(
+            prompt_ids=tuple(int(t) for t in row["prompt_ids"]), output_ids=tuple(int(t) for t in row["output_ids"]),
+            text=str(row["text"]), steps=(), wall_s=float(row["wall_s"]), stop_reason=str(row["stop_reason"]),
+            drafter="none", verifier="none", config=GREEDY, max_new_tokens=max_new_tokens)
+    return out
+
+
+def _key(models: ModelSpec, reference: GenerationResult) -> str:
+    digest = hashlib.sha256(" ".join(map(str, reference.prompt_ids)).encode()).hexdigest()[:16]
+    target = models.target if models.kind == "builtin" else f"tiny-{models.seed}"
+    return f"{target}/{models.dtype}/T{reference.max_new_tokens}/{digest}"
+
+
+# -- teacher-forced ranks ------------------------------------------------------------------------
+
+def _ranks_row(models: ModelSpec, source: str, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> dict:
+    from specviz.decode.ranks import draft_ranks
+
+    return {"ranks": draft_ranks(draft_source(models, source), prompt_ids, output_ids).tolist()}
+
+
+def rank_units(models: ModelSpec, sources: Sequence[str], references: Mapping[int, GenerationResult]) -> list[Unit]:
+    """One unit per draft source (``"draft"``, ``"self-L<n>"``) and reference: the ``(T,)``
+    teacher-forced ranks of the reference's tokens among the draft's candidates."""
+    return [Unit(f"{source}/{_key(models, ref)}", _ranks_row,
+                 {"source": source, "prompt_ids": ref.prompt_ids, "output_ids": ref.output_ids})
+            for source in sources for ref in references.values()]
+
+
+def ranks_from(store: ResultStore, models: ModelSpec, source: str, reference: GenerationResult) -> torch.Tensor:
+    """The ranks a :func:`rank_units` unit stored."""
+    return torch.tensor(store.rows_of(f"{source}/{_key(models, reference)}")[0]["ranks"], dtype=torch.long)
+
+
+# -- greedy replays ------------------------------------------------------------------------------
+
+def _shape_rows(models: ModelSpec, reference: GenerationResult, ranks: torch.Tensor,
+                shapes: Mapping[str, TreeShape], pair: str, budget: int, labels: Mapping[str, Any]) -> list[dict]:
+    from specviz.decode.replay import replay_shape
+    from specviz.metrics.acceptance import label_rows
+
+    target = models_for(models).target
+    rows = []
     for family, shape in shapes.items():
-        unit = f"{pair}/{family}/{shape_key(shape)}/{_key(target, reference)}"
-        if unit not in store:
-            records = replay_shape(shape, ranks, reference, target=target)
-            store.add(unit, label_rows(records, pair=pair, strategy=family, budget=budget, **labels))
-        units.append(unit)
-    return tuple(units)
+        rows += label_rows(replay_shape(shape, ranks, reference, target=target), pair=pair, strategy=family,
+                           budget=budget, **labels)
+    return rows
 
 
-def replay_dynamic_units(store: ResultStore, target: LoadedModel, draft: LoadedModel, reference: GenerationResult,
-                         budgets: Sequence[int], *, topk: int, depth: int, pair: str,
-                         labels: Mapping[str, Any]) -> tuple[str, ...]:
-    """Greedy replays of EAGLE-2 dynamic trees (:func:`~specviz.decode.replay_dynamic`,
-    every missing budget in one replay), one unit
-    ``<pair>/dynamic-k<topk>-d<depth>/<budget>/<reference key>`` per budget; the step
-    rows' ``strategy`` is :data:`DYNAMIC_STRATEGY`.
-
-    Returns:
-        The unit ids, in the order of ``budgets``.
-    """
-    key = _key(target, reference)
-    units = {b: f"{pair}/dynamic-k{topk}-d{depth}/{b}/{key}" for b in budgets}
-    missing = [b for b, unit in units.items() if unit not in store]
-    if missing:
-        replayed = replay_dynamic(draft, reference, missing, topk=topk, depth=depth, target=target)
-        for b in missing:
-            store.add(units[b], label_rows(replayed[b], pair=pair, strategy=DYNAMIC_STRATEGY, budget=b, **labels))
-    return tuple(units.values())
+def shape_units(models: ModelSpec, reference: GenerationResult, ranks: torch.Tensor,
+                shapes: Mapping[str, TreeShape], *, pair: str, budget: int, labels: Mapping[str, Any]) -> list[Unit]:
+    """Greedy replays of static shapes (:func:`~specviz.decode.replay_shape`) from the
+    draft's teacher-forced ``ranks``, one unit ``<pair>/<family>/<shape key>/<reference key>``
+    per shape; rows carry ``pair``, ``strategy`` (the family), ``budget`` and ``labels``."""
+    key = _key(models, reference)
+    return [Unit(f"{pair}/{family}/{shape_key(shape)}/{key}", _shape_rows,
+                 {"reference": reference, "ranks": ranks, "shapes": {family: shape}, "pair": pair,
+                  "budget": budget, "labels": dict(labels)})
+            for family, shape in shapes.items()]
 
 
-def replay_drafter_units(store: ResultStore, target: LoadedModel, reference: GenerationResult,
-                         drafters: Mapping[str, Drafter], *, pair: str, budget: int, variant: str,
-                         labels: Mapping[str, Any]) -> tuple[str, ...]:
-    """Greedy replays of any drafters (:func:`~specviz.decode.replay_acceptance`: each
-    really drafts at every step), one unit ``<pair>/<drafter name>/<variant>/<reference
-    key>`` per drafter.
+def _dynamic_rows(models: ModelSpec, reference: GenerationResult, budgets: Sequence[int], topk: int, depth: int,
+                  pair: str, labels: Mapping[str, Any]) -> list[dict]:
+    from specviz.decode.replay import replay_dynamic
+    from specviz.metrics.acceptance import label_rows
 
-    Args:
-        drafters: drafter per strategy label (the ``strategy`` column).
-        variant: the sweep's settings that the drafters' names do not show (e.g. ``d8``,
-            the depth limit of n-gram tries).
-        store, target, reference, pair, budget, labels: as in :func:`replay_shape_units`.
+    loaded = models_for(models)
+    replayed = replay_dynamic(loaded.draft, reference, list(budgets), topk=topk, depth=depth, target=loaded.target)
+    return [row for b in budgets
+            for row in label_rows(replayed[b], pair=pair, strategy=DYNAMIC_STRATEGY, budget=b, **labels)]
 
-    Returns:
-        The unit ids, in the order of ``drafters``.
-    """
-    units = []
-    for name, drafter in drafters.items():
-        unit = f"{pair}/{drafter.name}/{variant}/{_key(target, reference)}"
-        if unit not in store:
-            records = records_from_result(replay_acceptance(target, drafter, reference))
-            store.add(unit, label_rows(records, pair=pair, strategy=name, budget=budget, **labels))
-        units.append(unit)
-    return tuple(units)
 
+def dynamic_units(models: ModelSpec, reference: GenerationResult, budgets: Sequence[int], *, topk: int, depth: int,
+                  pair: str, labels: Mapping[str, Any]) -> list[Unit]:
+    """Greedy replays of EAGLE-2 dynamic trees (:func:`~specviz.decode.replay_dynamic`),
+    every budget in one replay: one unit ``<pair>/dynamic-k<topk>-d<depth>/<budgets>/<reference key>``;
+    the step rows' ``strategy`` is :data:`DYNAMIC_STRATEGY`."""
+    budgets = sorted(budgets)
+    tag = "-".join(map(str, budgets))
+    return [Unit(f"{pair}/dynamic-k{topk}-d{depth}/{tag}/{_key(models, reference)}", _dynamic_rows,
+                 {"reference": reference, "budgets": budgets, "topk": topk, "depth": depth, "pair": pair,
+                  "labels": dict(labels)})]
+
+
+def _drafter_rows(models: ModelSpec, reference: GenerationResult, drafter, strategy: str, pair: str, budget: int,
+                  labels: Mapping[str, Any]) -> list[dict]:
+    from specviz.decode.records import records_from_result
+    from specviz.decode.replay import replay_acceptance
+    from specviz.metrics.acceptance import label_rows
+
+    records = records_from_result(replay_acceptance(models_for(models).target, drafter, reference))
+    return label_rows(records, pair=pair, strategy=strategy, budget=budget, **labels)
+
+
+def drafter_units(models: ModelSpec, reference: GenerationResult, drafters: Mapping[str, Any], *, pair: str,
+                  budget: int, variant: str, labels: Mapping[str, Any]) -> list[Unit]:
+    """Greedy replays of model-free drafters (:func:`~specviz.decode.replay_acceptance`:
+    each really drafts at every step), one unit ``<pair>/<drafter name>/<variant>/<reference key>``
+    per drafter (``drafters`` maps the ``strategy`` label to a picklable drafter)."""
+    key = _key(models, reference)
+    return [Unit(f"{pair}/{drafter.name}/{variant}/{key}", _drafter_rows,
+                 {"reference": reference, "drafter": drafter, "strategy": name, "pair": pair, "budget": budget,
+                  "labels": dict(labels)})
+            for name, drafter in drafters.items()]
+
+
+# -- self-speculation layer sweep, engine cross-check, sampled verification ------------------
+
+def _layer_row(models: ModelSpec, layers: int, reference: GenerationResult) -> dict:
+    from specviz.decode.ranks import draft_ranks, positional_acceptance
+    from specviz.draft.self_spec import truncated_model
+
+    target = models_for(models).target.model
+    a = positional_acceptance(draft_ranks(truncated_model(target, layers), reference.prompt_ids,
+                                          reference.output_ids), k=2)
+    return {"layers": layers, "share_of_target_layers": layers / target.config.num_hidden_layers,
+            "a_1 (top-1 agrees)": a[0], "a_2": a[1]}
+
+
+def layer_units(models: ModelSpec, reference: GenerationResult, layer_counts: Sequence[int]) -> list[Unit]:
+    """One unit per layer count: how often the target's first ``layers`` layers (plus its
+    norm and LM head) agree with the whole target along ``reference`` (a_1, a_2)."""
+    key = _key(models, reference)
+    return [Unit(f"L{n}/{key}", _layer_row, {"layers": n, "reference": reference}) for n in layer_counts]
+
+
+def _engine_row(models: ModelSpec, reference: GenerationResult, kind: str, arg: Any, strategy: str) -> dict:
+    from specviz.decode.records import records_from_result
+    from specviz.decode.replay import replay_acceptance
+    from specviz.draft.model import DynamicTreeDrafter, TreeDrafter
+
+    loaded = models_for(models)
+    drafter = TreeDrafter(loaded.draft, arg) if kind == "tree" else DynamicTreeDrafter(loaded.draft, *arg)
+    accepted = [r.accepted for r in records_from_result(replay_acceptance(loaded.target, drafter, reference))]
+    return {"strategy": strategy, "accepted": accepted}
+
+
+def engine_units(models: ModelSpec, reference: GenerationResult, *, shape: TreeShape, shape_name: str,
+                 dynamic: tuple[int, int, int]) -> list[Unit]:
+    """Accepted tokens per step of the live drafters (a static tree ``shape`` and an
+    EAGLE-2 tree ``(topk, depth, budget)``) replayed through the engine along ``reference``."""
+    key = _key(models, reference)
+    return [Unit(f"engine/{shape_name}/{shape_key(shape)}/{key}", _engine_row,
+                 {"reference": reference, "kind": "tree", "arg": shape, "strategy": shape_name}),
+            Unit(f"engine/dynamic-k{dynamic[0]}-d{dynamic[1]}-n{dynamic[2]}/{key}", _engine_row,
+                 {"reference": reference, "kind": "dynamic", "arg": tuple(dynamic), "strategy": DYNAMIC_STRATEGY})]
+
+
+def _sampled_rows(models: ModelSpec, reference: GenerationResult, question_id: int, temperature: float,
+                  budget: int, shape: TreeShape, dynamic: tuple[int, int], stride: int, seed: int) -> list[dict]:
+    from specviz.decode.scoring import TreeScorer, score_rules
+    from specviz.draft.model import ChainDrafter, DynamicTreeDrafter, TreeDrafter
+    from specviz.sampling import make_generator
+
+    loaded = models_for(models)
+    config = SamplingConfig(temperature=temperature)
+    strategies = [("chain", "chain", "iid", ChainDrafter(loaded.draft, budget)),
+                  ("sequoia", "topk", "topk", TreeDrafter(loaded.draft, shape)),
+                  ("sequoia", "specinfer", "iid", TreeDrafter(loaded.draft, shape)),
+                  (DYNAMIC_STRATEGY, "topk", "topk", DynamicTreeDrafter(loaded.draft, dynamic[0], dynamic[1], budget))]
+    scorer = TreeScorer(loaded.target)
+    g = make_generator(seed + question_id)
+    rows = []
+    for position in range(0, reference.max_new_tokens - 1, stride):
+        context = list(reference.prompt_ids) + list(reference.output_ids[:position])
+        trees = [drafter.draft(torch.tensor(context), config, mode, g) for _, _, mode, drafter in strategies]
+        for (name, rule, _, _), tree, logits in zip(strategies, trees, scorer.logits(context, trees)):
+            for score in score_rules(tree, logits, config, [rule], g):
+                rows.append({"strategy": name, "question_id": question_id, "position": position, **vars(score)})
+    return rows
+
+
+def sampled_units(models: ModelSpec, references: Mapping[int, GenerationResult], *, temperature: float, budget: int,
+                  shape: TreeShape, dynamic: tuple[int, int], stride: int, seed: int) -> list[Unit]:
+    """One unit per reference: chain, Sequoia (top-k and SpecInfer rules) and EAGLE-2
+    trees of ``budget`` nodes drafted and verified at ``temperature`` at contexts every
+    ``stride`` tokens, with the exact expected and the realised acceptance of each (the
+    generator is seeded with ``seed + question_id``, so a unit's rows do not depend on
+    where it runs)."""
+    tag = f"t{temperature}/b{budget}/{shape_key(shape)}/k{dynamic[0]}-d{dynamic[1]}/s{stride}/seed{seed}"
+    return [Unit(f"sampled/{tag}/{_key(models, ref)}", _sampled_rows,
+                 {"reference": ref, "question_id": qid, "temperature": temperature, "budget": budget,
+                  "shape": shape, "dynamic": tuple(dynamic), "stride": stride, "seed": seed})
+            for qid, ref in references.items()]
+
+
+def _rules_rows(models: ModelSpec, reference: GenerationResult, question_id: int, shape: TreeShape,
+                chain_length: int, temperatures: Sequence[float], stride: int, seed: int) -> list[dict]:
+    from specviz.decode.scoring import score_rules_along
+    from specviz.metrics.acceptance import label_rows
+    from specviz.sampling import make_generator
+
+    scores = score_rules_along(models_for(models), reference, shape=shape, chain_length=chain_length,
+                               temperatures=temperatures, stride=stride, generator=make_generator(seed + question_id))
+    return label_rows(scores, question_id=question_id)
+
+
+def rules_units(models: ModelSpec, references: Mapping[int, GenerationResult], *, shape: TreeShape,
+                chain_length: int, temperatures: Sequence[float], stride: int, seed: int) -> list[Unit]:
+    """One unit per reference: every verification rule on the draft's trees (``shape``)
+    and chains (``chain_length``) at contexts every ``stride`` tokens, at each temperature
+    (:func:`~specviz.decode.score_rules_along`, generator seeded with ``seed + question_id``)."""
+    tag = f"{shape_key(shape)}/c{chain_length}/t{'-'.join(map(str, temperatures))}/s{stride}/seed{seed}"
+    return [Unit(f"rules/{tag}/{_key(models, ref)}", _rules_rows,
+                 {"reference": ref, "question_id": qid, "shape": shape, "chain_length": chain_length,
+                  "temperatures": list(temperatures), "stride": stride, "seed": seed})
+            for qid, ref in references.items()]
+
+
+# -- timed generations ---------------------------------------------------------------------------
 
 def timed_unit(store: ResultStore, target: LoadedModel, prompt: Prompt, method: str,
                make_drafter: Callable[[], Drafter | None], *, max_new_tokens: int, position: int) -> dict[str, Any]:
@@ -159,6 +329,11 @@ def timed_unit(store: ResultStore, target: LoadedModel, prompt: Prompt, method: 
         The run's row: ``method, question_id, category, position, new_tokens, wall_s,
         steps, drafted, accepted, draft_s, verify_s, mean_nodes, output_ids``.
     """
+    from specviz.bench.cost import timed_run
+    from specviz.decode.engine import encode_prompt
+    from specviz.decode.replay import reference_key
+    from specviz.study.work import machine_label
+
     ids = encode_prompt(target.tokenizer, prompt.text)
     unit = f"{method}/{reference_key(target, ids, max_new_tokens)}/threads{torch.get_num_threads()}"
     if unit not in store:
@@ -166,5 +341,96 @@ def timed_unit(store: ResultStore, target: LoadedModel, prompt: Prompt, method: 
         store.add(unit, {"method": method, "question_id": prompt.question_id, "category": prompt.category,
                          "position": position, "new_tokens": r.new_tokens, "wall_s": r.wall_s, "steps": r.steps,
                          "drafted": r.drafted, "accepted": r.accepted, "draft_s": r.draft_s,
-                         "verify_s": r.verify_s, "mean_nodes": r.mean_nodes, "output_ids": list(r.output_ids)})
+                         "verify_s": r.verify_s, "mean_nodes": r.mean_nodes, "output_ids": list(r.output_ids),
+                         "machine": machine_label()})
     return store.rows_of(unit)[0]
+
+
+# -- the speed notebook's timing units (run with ``Work.run(..., timing=True)``) -------------------
+
+def tree_drafter(shape: TreeShape, pair) -> Drafter:
+    """A :class:`~specviz.draft.model.TreeDrafter` of ``pair``'s draft filling ``shape``
+    (for ``functools.partial(tree_drafter, shape)`` as a timed unit's drafter)."""
+    from specviz.draft.model import TreeDrafter
+
+    return TreeDrafter(pair.draft, shape)
+
+
+def _timed_row(models: ModelSpec, prompt: Prompt, method: str, make: Callable | None, max_new_tokens: int,
+               position: int) -> dict[str, Any]:
+    from specviz.bench.cost import timed_run
+    from specviz.decode.engine import encode_prompt
+    from specviz.study.work import machine_label
+
+    loaded = models_for(models)
+    ids = encode_prompt(loaded.target.tokenizer, prompt.text)
+    r = timed_run(loaded.target, None if make is None else make(loaded), ids, max_new_tokens=max_new_tokens,
+                  method=method)
+    return {"method": method, "question_id": prompt.question_id, "category": prompt.category,
+            "position": position, "new_tokens": r.new_tokens, "wall_s": r.wall_s, "steps": r.steps,
+            "drafted": r.drafted, "accepted": r.accepted, "draft_s": r.draft_s, "verify_s": r.verify_s,
+            "mean_nodes": r.mean_nodes, "output_ids": list(r.output_ids), "prompt_ids": list(ids),
+            "machine": machine_label()}
+
+
+def timed_units(models: ModelSpec, prompt: Prompt, methods: Sequence[tuple[str, Callable | None]], *,
+                max_new_tokens: int, threads: int | None, first_position: int = 0) -> list[Unit]:
+    """One timed greedy generation (:func:`~specviz.bench.cost.timed_run`) per method, in
+    the order given, unit ``<method>/<reference id>/threads<n>``.
+
+    Args:
+        methods: ``(label, make)`` pairs; ``make(pair)`` builds the drafter from the loaded
+            pair (a module-level function or a :func:`functools.partial` of one, e.g.
+            ``partial(build_drafter, spec)`` or ``partial(tree_drafter, shape)``); None
+            times plain decoding.
+        threads: the torch threads the units run with (part of the id).
+        first_position: where the first method comes in the prompt's order of runs.
+    """
+    ref = reference_id(models, prompt, max_new_tokens)
+    return [Unit(f"{label}/{ref}/threads{threads or 'default'}", _timed_row,
+                 {"prompt": prompt, "method": label, "make": make, "max_new_tokens": max_new_tokens,
+                  "position": first_position + i})
+            for i, (label, make) in enumerate(methods)]
+
+
+def result_from_row(row: Mapping[str, Any], max_new_tokens: int) -> GenerationResult:
+    """A timed run's row (with ``prompt_ids`` and ``output_ids``) as a greedy
+    :class:`~specviz.decode.GenerationResult`, e.g. for :func:`rank_units`."""
+    return GenerationResult(prompt_ids=tuple(int(t) for t in row["prompt_ids"]),
+                            output_ids=tuple(int(t) for t in row["output_ids"]), text="", steps=(),
+                            wall_s=float(row["wall_s"]), stop_reason="", drafter="none", verifier="none",
+                            config=GREEDY, max_new_tokens=max_new_tokens)
+
+
+def _cost_rows(models: ModelSpec, role: str, sizes: Sequence[int], prefix_len: int, warmup: int, repeats: int,
+               seed: int, dtype: str | None) -> list[dict]:
+    import gc
+
+    from specviz.bench.cost import forward_cost_curve
+    from specviz.models.loading import load_model
+    from specviz.study.work import machine_label
+
+    if dtype is None or dtype == models.dtype:
+        model = getattr(models_for(models), role)
+    else:  # another weight mode, loaded for this unit only
+        loaded = getattr(models_for(models), role)
+        name = models.target if role == "target" else models.draft
+        model = load_model(loaded if models.kind == "tiny" else name, dtype)
+    curve = forward_cost_curve(model, list(sizes), prefix_len=prefix_len, warmup=warmup, repeats=repeats, seed=seed)
+    del model
+    gc.collect()
+    return curve.assign(role=role, dtype=dtype or models.dtype, machine=machine_label()).to_dict("records")
+
+
+def cost_units(models: ModelSpec, roles: Sequence[str], sizes: Sequence[int], *, prefix_len: int, repeats: int,
+               seed: int, warmup: int = 1, dtype: str | None = None) -> list[Unit]:
+    """One unit per role (``"target"``, ``"draft"``): the cost of one forward of ``n`` new
+    tokens after a ``prefix_len``-token cache for each ``n`` in ``sizes``
+    (:func:`~specviz.bench.cost.forward_cost_curve`), in the pair's weight mode or in
+    ``dtype`` (that model is then loaded for the unit only)."""
+    mode = dtype or models.dtype
+    tag = f"n{'-'.join(map(str, sizes))}/p{prefix_len}/w{warmup}/r{repeats}/seed{seed}"
+    return [Unit(f"cost/{role}/{mode}/{tag}", _cost_rows,
+                 {"role": role, "sizes": list(sizes), "prefix_len": prefix_len, "warmup": warmup,
+                  "repeats": repeats, "seed": seed, "dtype": dtype})
+            for role in roles]
