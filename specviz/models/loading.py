@@ -27,7 +27,6 @@ import json
 import os
 import shutil
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -197,16 +196,10 @@ def cache_dir(override: str | os.PathLike | None = None) -> Path:
     return path
 
 
-def _remove_stale_temp(root: Path, min_age_s: float = 6 * 3600) -> None:
-    # Temporary entries of a run that was killed (complete entries are never named
-    # ".tmp-*"); recent ones may belong to another process converting right now.
-    now = time.time()
+def _remove_stale_temp(root: Path) -> None:
+    # Temporary entries of a run that was killed; complete entries are never named ".tmp-*".
+    # Called under the conversion lock, so no other process is writing one right now.
     for stale in root.glob(".tmp-*"):
-        try:
-            if now - stale.stat().st_mtime < min_age_s:
-                continue
-        except OSError:
-            continue
         if stale.is_dir():
             shutil.rmtree(stale, ignore_errors=True)
         else:
@@ -270,17 +263,19 @@ def _assemble_gguf(spec: BuiltinModel, dest: Path) -> None:
 
 
 @contextlib.contextmanager
-def _cache_lock(root: Path, name: str):
-    """An exclusive lock on one cache entry across processes (the study's workers may
-    ask for the same model at once); a no-op where ``fcntl`` is missing (Windows)."""
+def _cache_lock(root: Path):
+    """An exclusive lock on the cache's conversions across processes (the study's workers
+    may ask for the same model at once): one conversion at a time, and any temporary
+    entry found while holding it is left over from a killed run. A no-op where ``fcntl``
+    is missing (Windows)."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - Windows
         yield
         return
-    lock_dir = root / "models"
+    lock_dir = root / "locks"  # beside the entries, so a failed conversion leaves no file among them
     lock_dir.mkdir(parents=True, exist_ok=True)
-    with open(lock_dir / f".lock-{name}", "w") as fh:
+    with open(lock_dir / "convert.lock", "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
@@ -293,7 +288,7 @@ def _convert_builtin(spec: BuiltinModel, root: Path) -> Path:
     final = root / "models" / f"{spec.name}-fp32"
     if (final / "specviz.json").exists():
         return final
-    with _cache_lock(root, final.name):
+    with _cache_lock(root):
         return _convert_builtin_locked(spec, root, final)
 
 
@@ -337,7 +332,7 @@ def _builtin_entry(spec: BuiltinModel, dtype: torch.dtype, root: Path) -> Path:
     final = root / "models" / f"{spec.name}-{_dtype_tag(dtype)}"
     if (final / "specviz.json").exists():
         return final
-    with _cache_lock(root, final.name):
+    with _cache_lock(root):
         if (final / "specviz.json").exists():
             return final
         return _convert_dtype_locked(spec, dtype, fp32, final)
