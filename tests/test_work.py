@@ -19,6 +19,7 @@ from specviz.study.units import reference_units, references_from
 from specviz.study.work import ModelSpec, Work, scaling_estimate
 
 SPEC = ModelSpec("tiny", "fp32")
+PRESET_03_ONLY = Preset("tiny-03", "notebook 03 only", (NotebookRun("03_chain_tree_dynamic.ipynb"),))
 PROMPTS = [
     '{"question_id": 1, "category": "code", "turns": ["def add(a, b):"]}',
     '{"question_id": 2, "category": "writing", "turns": ["Write a haiku about rain."]}',
@@ -145,6 +146,10 @@ def test_workers_and_scheduler_are_checked(tmp_path, capsys):
         run_study("smoke", out_dir=tmp_path, workers=2, scheduler="tcp://127.0.0.1:1")
     with pytest.raises(StudyConfigError, match="workers"):
         run_study("smoke", out_dir=tmp_path, workers=0)
+    with pytest.raises(StudyConfigError, match="no Dask scheduler answers"):
+        run_study(PRESET_03_ONLY, out_dir=tmp_path, scheduler="tcp://127.0.0.1:9")
+    assert main(["--only", "03", "--out", str(tmp_path), "--scheduler", "tcp://127.0.0.1:9"]) == 2
+    assert "no Dask scheduler answers" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--workers", "0"])
     assert "--workers must be >= 1" in capsys.readouterr().err

@@ -68,7 +68,13 @@ class StudyCluster:
             self.log(f"[study] Dask: {self.workers} local worker process(es), {threads} torch thread(s) each; "
                      f"scheduler {self.address}; dashboard {self.cluster.dashboard_link}")
         else:
-            self.client = Client(self.scheduler, set_as_default=False, timeout="30s")
+            try:
+                self.client = Client(self.scheduler, set_as_default=False, timeout="10s")
+            except (OSError, TimeoutError, ValueError) as err:
+                from specviz.study.presets import StudyConfigError
+
+                raise StudyConfigError(f"no Dask scheduler answers at {self.scheduler!r} ({err}); start one "
+                                       "(e.g. `dask scheduler`) or use --workers N for a local cluster") from None
             info = self.client.scheduler_info(n_workers=-1)
             link = self.client.dashboard_link
             self.log(f"[study] Dask: cluster at {self.address} with {len(info['workers'])} worker(s); "
