@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 
 from specviz.decode.engine import encode_prompt
 from specviz.decode.ranks import draft_ranks
 from specviz.decode.records import records_from_result
-from specviz.decode.replay import greedy_reference, reference_key, replay_acceptance, replay_dynamic, replay_shape
-from specviz.draft.model import ChainDrafter
+from specviz.decode.replay import greedy_reference, replay_acceptance, replay_dynamic, replay_shape
+from specviz.draft.registry import build_drafter
 from specviz.draft.ngram import NgramDrafter
 from specviz.draft.self_spec import self_speculative_model
 from specviz.metrics.acceptance import label_rows
 from specviz.study.prompts import Prompt
 from specviz.study.store import ResultStore
 from specviz.study.units import (DYNAMIC_STRATEGY, drafter_units, dynamic_units, layer_units, rank_units, ranks_from,
-                                 reference_id, reference_units, references_from, shape_units, timed_unit)
+                                 reference_id, reference_units, references_from, shape_units, timed_units)
 from specviz.study.work import ModelSpec, Work
 from specviz.tree.budgets import budget_shapes, shape_key
 
@@ -116,28 +118,25 @@ def test_model_spec_checks_its_kind():
     assert ModelSpec().labels == ("0.5B", "1.5B")
 
 
-def test_timed_unit_runs_once_and_reads_back(tiny_pair, tmp_path):
+def test_timed_units_run_once_and_read_back(tiny_pair, tmp_path):
     prompt = Prompt(3, "math", ("What is 2 + 2?",))
     store = ResultStore.open(tmp_path, "speed")
-    calls = []
-
-    def make():
-        calls.append(1)
-        return ChainDrafter(tiny_pair.draft, 2)
-
-    row = timed_unit(store, tiny_pair.target, prompt, "chain-k2", make, max_new_tokens=5, position=1)
+    work = Work(SPEC, out_dir=tmp_path)
+    units = timed_units(SPEC, prompt, [("plain", None), ("chain-k2", partial(build_drafter, "chain-k2"))],
+                        max_new_tokens=5, threads=1)
+    plain_id, chain_id = work.run(store, units, timing=True)
+    row = store.rows_of(chain_id)[0]
     assert list(row) == ["method", "question_id", "category", "position", "new_tokens", "wall_s", "steps", "drafted",
-                         "accepted", "draft_s", "verify_s", "mean_nodes", "output_ids", "machine"]
+                         "accepted", "draft_s", "verify_s", "mean_nodes", "output_ids", "prompt_ids", "machine"]
     assert row["method"] == "chain-k2" and row["question_id"] == 3 and row["new_tokens"] == 5
-    assert "cores)" in row["machine"]
-    again = timed_unit(ResultStore.open(tmp_path, "speed"), tiny_pair.target, prompt, "chain-k2", make,
-                       max_new_tokens=5, position=1)
-    assert again == row and len(calls) == 1
-    (unit,) = store.units
-    ids = encode_prompt(tiny_pair.target.tokenizer, prompt.text)
-    assert unit == f"chain-k2/{reference_key(tiny_pair.target, ids, 5)}/threads{torch.get_num_threads()}"
-    plain = timed_unit(store, tiny_pair.target, prompt, "plain", lambda: None, max_new_tokens=5, position=0)
-    assert plain["output_ids"] == row["output_ids"] and plain["steps"] == 5
+    assert row["position"] == 1 and "cores)" in row["machine"]
+    assert row["prompt_ids"] == encode_prompt(tiny_pair.target.tokenizer, prompt.text)
+    again = Work(SPEC, out_dir=tmp_path)
+    again.run(ResultStore.open(tmp_path, "speed"), units, timing=True)
+    assert again.executed == 0 and work.executed == 2
+    assert chain_id == f"chain-k2/{reference_id(SPEC, prompt, 5)}/threads1"
+    plain = store.rows_of(plain_id)[0]
+    assert plain["output_ids"] == row["output_ids"] and plain["steps"] == 5 and plain["position"] == 0
 
 
 def test_self_speculative_model_shares_the_targets_layers(tiny_pair):

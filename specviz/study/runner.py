@@ -343,15 +343,14 @@ def _run_plans(plans: Sequence[_Plan], spec: Preset, out: Path, *, force: bool, 
         log(f"[study {i}/{len(plans)}] {run.stem}: running with {shown or 'its defaults'}")
         marker.unlink(missing_ok=True)
         start = time.perf_counter()
-        uses_cluster = cluster is not None and "scheduler" in declared_parameters(plan.source)
-        if cluster is not None and not uses_cluster:
-            cluster.fresh_workers()  # the notebook loads its models itself: free the workers' memory
-        if uses_cluster:
-            params = {**params, "scheduler": cluster.address}
+        run_params = params
+        if cluster is not None and "scheduler" in declared_parameters(plan.source):
+            run_params = {**params, "scheduler": cluster.address}  # not part of the fingerprint or marker
             cluster.used = True
+        elif cluster is not None:
+            cluster.fresh_workers()  # the notebook loads its models itself: free the workers' memory
         with UnitProgress(out, enabled=progress):
-            _execute(plan.source, executed, params, progress)
-        params = plan.parameters
+            _execute(plan.source, executed, run_params, progress)
         export_html(executed, html)
         elapsed = time.perf_counter() - start
         atomic_write_text(marker, json.dumps({

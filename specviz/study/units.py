@@ -19,8 +19,7 @@ computed for another prompt or model.
 * :func:`sampled_units` - sampled verification along a reference (expected vs realised);
 * :func:`rules_units` - every verification rule along a reference at several temperatures;
 * :func:`timed_units`, :func:`cost_units` - timed generations and forward cost curves
-  (the speed notebook runs them with ``timing=True``: one at a time, on one worker);
-  :func:`timed_unit` - one timed generation in this process, kept in a store.
+  (the speed notebook runs them with ``timing=True``: one at a time, on one worker).
 
 Dimension legend: T = continuation tokens.
 """
@@ -37,7 +36,6 @@ from specviz.sampling import GREEDY, SamplingConfig
 from specviz.study.prompts import Prompt
 from specviz.study.store import ResultStore
 from specviz.draft.base import Drafter
-from specviz.models.loading import LoadedModel
 from specviz.study.work import ModelSpec, Unit, draft_source, models_for
 from specviz.tree.budgets import shape_key
 from specviz.tree.shapes import TreeShape
@@ -56,7 +54,6 @@ __all__ = [
     "engine_units",
     "sampled_units",
     "rules_units",
-    "timed_unit",
     "timed_units",
     "cost_units",
     "tree_drafter",
@@ -67,12 +64,16 @@ __all__ = [
 DYNAMIC_STRATEGY = "dynamic (EAGLE-2)"
 
 
+def _model_tag(models: ModelSpec) -> str:
+    target = models.target if models.kind == "builtin" else f"tiny-{models.seed}"
+    return f"{target}/{models.dtype}"
+
+
 def reference_id(models: ModelSpec, prompt: Prompt, max_new_tokens: int) -> str:
     """Unit id of a greedy reference: ``<target>/<mode>/T<tokens>/<hash of the prompt text>``
     (``tiny-<seed>`` for the tiny pair)."""
     digest = hashlib.sha256(prompt.text.encode()).hexdigest()[:16]
-    target = models.target if models.kind == "builtin" else f"tiny-{models.seed}"
-    return f"{target}/{models.dtype}/T{max_new_tokens}/{digest}"
+    return f"{_model_tag(models)}/T{max_new_tokens}/{digest}"
 
 
 def _reference_row(models: ModelSpec, text: str, max_new_tokens: int) -> dict[str, Any]:
@@ -95,20 +96,13 @@ def reference_units(models: ModelSpec, prompts: Sequence[Prompt], max_new_tokens
 def references_from(store: ResultStore, models: ModelSpec, prompts: Sequence[Prompt],
                     max_new_tokens: int) -> dict[int, GenerationResult]:
     """The finished references of :func:`reference_units`, by question id."""
-    out = {}
-    for p in prompts:
-        row = store.rows_of(reference_id(models, p, max_new_tokens))[0]
-        out[p.question_id] = GenerationResult(
-            prompt_ids=tuple(int(t) for t in row["prompt_ids"]), output_ids=tuple(int(t) for t in row["output_ids"]),
-            text=str(row["text"]), steps=(), wall_s=float(row["wall_s"]), stop_reason=str(row["stop_reason"]),
-            drafter="none", verifier="none", config=GREEDY, max_new_tokens=max_new_tokens)
-    return out
+    return {p.question_id: result_from_row(store.rows_of(reference_id(models, p, max_new_tokens))[0], max_new_tokens)
+            for p in prompts}
 
 
 def _key(models: ModelSpec, reference: GenerationResult) -> str:
     digest = hashlib.sha256(" ".join(map(str, reference.prompt_ids)).encode()).hexdigest()[:16]
-    target = models.target if models.kind == "builtin" else f"tiny-{models.seed}"
-    return f"{target}/{models.dtype}/T{reference.max_new_tokens}/{digest}"
+    return f"{_model_tag(models)}/T{reference.max_new_tokens}/{digest}"
 
 
 # -- teacher-forced ranks ------------------------------------------------------------------------
@@ -307,45 +301,6 @@ def rules_units(models: ModelSpec, references: Mapping[int, GenerationResult], *
             for qid, ref in references.items()]
 
 
-# -- timed generations ---------------------------------------------------------------------------
-
-def timed_unit(store: ResultStore, target: LoadedModel, prompt: Prompt, method: str,
-               make_drafter: Callable[[], Drafter | None], *, max_new_tokens: int, position: int) -> dict[str, Any]:
-    """One timed greedy generation (:func:`~specviz.bench.cost.timed_run`) of ``prompt``,
-    run only when its unit ``<method>/<reference key>/threads<torch threads>`` is not in
-    ``store``.
-
-    Args:
-        store: where the runs are kept.
-        target: the target model.
-        prompt: the prompt.
-        method: the method's label.
-        make_drafter: builds the drafter (None: plain decoding); called only when the
-            unit runs.
-        max_new_tokens: tokens to generate.
-        position: where the run came in the prompt's order of runs (0: first).
-
-    Returns:
-        The run's row: ``method, question_id, category, position, new_tokens, wall_s,
-        steps, drafted, accepted, draft_s, verify_s, mean_nodes, output_ids``.
-    """
-    from specviz.bench.cost import timed_run
-    from specviz.decode.engine import encode_prompt
-    from specviz.decode.replay import reference_key
-    from specviz.study.work import machine_label
-
-    ids = encode_prompt(target.tokenizer, prompt.text)
-    unit = f"{method}/{reference_key(target, ids, max_new_tokens)}/threads{torch.get_num_threads()}"
-    if unit not in store:
-        r = timed_run(target, make_drafter(), ids, max_new_tokens=max_new_tokens, method=method)
-        store.add(unit, {"method": method, "question_id": prompt.question_id, "category": prompt.category,
-                         "position": position, "new_tokens": r.new_tokens, "wall_s": r.wall_s, "steps": r.steps,
-                         "drafted": r.drafted, "accepted": r.accepted, "draft_s": r.draft_s,
-                         "verify_s": r.verify_s, "mean_nodes": r.mean_nodes, "output_ids": list(r.output_ids),
-                         "machine": machine_label()})
-    return store.rows_of(unit)[0]
-
-
 # -- the speed notebook's timing units (run with ``Work.run(..., timing=True)``) -------------------
 
 def tree_drafter(shape: TreeShape, pair) -> Drafter:
@@ -394,12 +349,13 @@ def timed_units(models: ModelSpec, prompt: Prompt, methods: Sequence[tuple[str, 
 
 
 def result_from_row(row: Mapping[str, Any], max_new_tokens: int) -> GenerationResult:
-    """A timed run's row (with ``prompt_ids`` and ``output_ids``) as a greedy
-    :class:`~specviz.decode.GenerationResult`, e.g. for :func:`rank_units`."""
+    """A stored greedy generation (a reference's row, or a timed run's row; both hold
+    ``prompt_ids``, ``output_ids`` and ``wall_s``) as a :class:`~specviz.decode.GenerationResult`,
+    e.g. for :func:`rank_units`; ``text`` and ``stop_reason`` are empty where the row has none."""
     return GenerationResult(prompt_ids=tuple(int(t) for t in row["prompt_ids"]),
-                            output_ids=tuple(int(t) for t in row["output_ids"]), text="", steps=(),
-                            wall_s=float(row["wall_s"]), stop_reason="", drafter="none", verifier="none",
-                            config=GREEDY, max_new_tokens=max_new_tokens)
+                            output_ids=tuple(int(t) for t in row["output_ids"]), text=str(row.get("text", "")),
+                            steps=(), wall_s=float(row["wall_s"]), stop_reason=str(row.get("stop_reason", "")),
+                            drafter="none", verifier="none", config=GREEDY, max_new_tokens=max_new_tokens)
 
 
 def _cost_rows(models: ModelSpec, role: str, sizes: Sequence[int], prefix_len: int, warmup: int, repeats: int,
@@ -412,10 +368,10 @@ def _cost_rows(models: ModelSpec, role: str, sizes: Sequence[int], prefix_len: i
 
     if dtype is None or dtype == models.dtype:
         model = getattr(models_for(models), role)
-    else:  # another weight mode, loaded for this unit only
-        loaded = getattr(models_for(models), role)
-        name = models.target if role == "target" else models.draft
-        model = load_model(loaded if models.kind == "tiny" else name, dtype)
+    else:  # another weight mode, loaded for this unit only (the tiny pair is converted from memory)
+        source = (getattr(models_for(models), role) if models.kind == "tiny"
+                  else models.target if role == "target" else models.draft)
+        model = load_model(source, dtype)
     curve = forward_cost_curve(model, list(sizes), prefix_len=prefix_len, warmup=warmup, repeats=repeats, seed=seed)
     del model
     gc.collect()
