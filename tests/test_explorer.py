@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from specviz.draft.model import ChainDrafter, DynamicTreeDrafter, TreeDrafter
+from specviz.draft.lookahead import LookaheadDrafter
 from specviz.draft.ngram import NgramTrieDrafter
 from specviz.render.explorer import (
     STRATEGIES,
@@ -56,13 +57,13 @@ def test_canonical_settings_share_cache_entries():
 
 def test_build_drafter_and_verifier(tiny_pair):
     kinds = {"chain": ChainDrafter, "static shape": TreeDrafter, "dynamic": DynamicTreeDrafter,
-             "n-gram": NgramTrieDrafter}
+             "n-gram": NgramTrieDrafter, "lookahead": LookaheadDrafter}
     for strategy in STRATEGIES:
         assert isinstance(build_drafter(_settings(strategy=strategy), tiny_pair), kinds[strategy])
     names = {strategy: strategy_spec(_settings(strategy=strategy, width=3, depth=2, budget=5)).name
              for strategy in STRATEGIES}
     assert names == {"chain": "chain-k2", "static shape": "tree-k3-d2-n5", "dynamic": "dynamic-k3-d2-n5",
-                     "n-gram": "ngram-trie-n3-d2-b5-m3"}
+                     "n-gram": "ngram-trie-n3-d2-b5-m3", "lookahead": "lookahead-w3-n3-g5"}
     assert verifier_for(_settings()) == "greedy"
     assert verifier_for(_settings(strategy="chain", temperature=0.7)) == "chain"
     assert verifier_for(_settings(strategy="dynamic", temperature=0.7)) == "topk"
@@ -99,6 +100,20 @@ def test_explorer_updates_and_caches(tiny_pair):
     assert f"step {ex.step.max}" in ex.stats.value
     ex.show_mask.value = True
     assert PLOTLY_MIME in ex.mask_out.outputs[0]["data"]
+
+
+def test_explorer_lookahead_shows_its_window_and_two_branch_mask(tiny_pair):
+    ex = Explorer(tiny_pair, _settings(strategy="lookahead", width=3, depth=2, budget=4), background=False)
+    assert (ex.width.description, ex.depth.description, ex.budget.description) == \
+        ("window W", "guess N-1", "guesses G")
+    result = next(iter(ex.results.values()))
+    assert result.drafter == "lookahead(w=3,n=3,g=4)" and result.steps[0].side_tokens == 3
+    assert len(ex.tree_out.outputs) == 2  # the guess tree and the step's window and guesses
+    ex.show_mask.value = True
+    annotations = [a["text"] for a in ex.mask_out.outputs[0]["data"][PLOTLY_MIME]["layout"]["annotations"]]
+    assert any(a.startswith("lookahead branch") for a in annotations)
+    ex.strategy.value = "dynamic"
+    assert ex.width.description == "width (top-k)" and len(ex.tree_out.outputs) == 1
 
 
 def test_explorer_background_thread(tiny_pair):

@@ -14,6 +14,8 @@ from specviz.draft import (
     AdaptiveChainDrafter,
     ChainDrafter,
     DynamicTreeDrafter,
+    JacobiDrafter,
+    LookaheadDrafter,
     MergedDrafter,
     SelfSpeculativeDrafter,
     TreeDrafter,
@@ -44,6 +46,9 @@ DRAFTERS = {
     "ngram": lambda p: NgramDrafter(n=3, k=5),
     "ngram_trie": lambda p: NgramTrieDrafter(n=3, depth=5, budget=12),
     "merged": lambda p: MergedDrafter([ChainDrafter(p.draft, 3), NgramDrafter(n=3, k=5)]),
+    # small windows keep the test cheap; python -m specviz.checks runs lookahead-w5-n4-g5 and jacobi-k5
+    "jacobi": lambda p: JacobiDrafter(k=3),
+    "lookahead": lambda p: LookaheadDrafter(window=3, ngram=3, guesses=3),
 }
 
 
@@ -80,6 +85,10 @@ def test_greedy_fp32_output_is_identical_to_the_target(real_pair_fp32, reference
             assert [s.acceptance.accepted_nodes for s in replay.steps] == \
                 [s.acceptance.accepted_nodes for s in run.steps]
             assert replay.output_ids == run.output_ids
-    if name not in ("ngram", "ngram_trie", "self"):
+    tau = sum(r.n_new_tokens for r in runs) / sum(r.n_steps for r in runs)
+    if name in ("jacobi", "lookahead"):
+        # guesses from the target's own outputs: some are accepted (measured: 1.08 and 1.40)
+        assert tau > 1.0
+    elif name not in ("ngram", "ngram_trie", "self"):
         # a real draft model is accepted often: well over one token per target call
-        assert sum(r.n_new_tokens for r in runs) / sum(r.n_steps for r in runs) > 1.5
+        assert tau > 1.5

@@ -14,6 +14,7 @@ from specviz.draft import (
     SelfSpeculativeDrafter,
     TreeDrafter,
 )
+from specviz.draft.lookahead import JacobiDrafter, LookaheadDrafter
 from specviz.tree.budgets import budgeted_kary
 from specviz.draft.registry import (
     STRATEGIES,
@@ -36,6 +37,8 @@ NAMES = {
     "ngram-trie-n2-d3-b6-m2": (NgramTrieDrafter, "ngram-trie(n=2,budget=6)"),
     "merged": (MergedDrafter, "merged(chain(k=4)+ngram(n=3,k=5))"),
     "self-spec-L1-k2": (SelfSpeculativeDrafter, None),
+    "jacobi": (JacobiDrafter, "jacobi(k=5)"),
+    "lookahead-w3-n2-g4-context": (LookaheadDrafter, "lookahead(w=3,n=2,g=4,context)"),
 }
 
 

@@ -265,7 +265,8 @@ REPORTED_TABLES = ("acceptance_by_budget", "acceptance_by_category", "acceptance
 def test_smoke_run_writes_tables_and_manifest(smoke_run):
     result, _ = smoke_run
     tables = sorted(p.name for p in (result.out_dir / "tables").iterdir())
-    for name in ("attention_work", "acceptance_steps", "speed_runs", "quickstart_acceptance") + REPORTED_TABLES:
+    for name in ("attention_work", "acceptance_steps", "speed_runs", "quickstart_acceptance", "lookahead_runs",
+                 "lookahead_sweep") + REPORTED_TABLES:
         assert f"{name}.csv" in tables and f"{name}.parquet" in tables, name
     manifest = json.loads((result.out_dir / "study.json").read_text())
     assert manifest["preset"] == "smoke"

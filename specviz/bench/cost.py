@@ -226,7 +226,8 @@ class SpeedRun:
         accepted: draft tokens accepted.
         draft_s: time spent drafting (0 for plain decoding).
         verify_s: time spent in target forwards over trees (0 for plain decoding).
-        mean_nodes: mean tree nodes per step, root included (1 for plain decoding).
+        mean_nodes: mean tokens the target processed per step: tree nodes, root included, plus
+            any side branch (lookahead's window); 1 for plain decoding.
         output_ids: the generated ids.
     """
 
@@ -266,7 +267,7 @@ def timed_run(target: LoadedModel, drafter: Drafter | None, prompt: str | Sequen
     return SpeedRun(
         method or drafter.name, r.n_new_tokens, r.wall_s, stats.n_steps, stats.drafted_tokens,
         stats.accepted_tokens, stats.draft_time_s, stats.verify_time_s,
-        sum(s.tree.n_nodes for s in r.steps) / max(1, stats.n_steps), r.output_ids)
+        sum(s.fed_tokens for s in r.steps) / max(1, stats.n_steps), r.output_ids)
 
 
 _RUN_COLUMNS = ("method", "question_id", "new_tokens", "wall_s", "steps", "drafted", "accepted", "draft_s",

@@ -4,12 +4,14 @@ One step for every active sequence (batch row):
 
 1. the row's drafter proposes a :class:`~specviz.tree.DraftTree` rooted at the last
    committed token;
-2. the target runs once over ``[root, draft nodes]`` of every row: the KV cache holds
+2. the target runs once over ``[root, draft nodes]`` of every row (plus the drafter's
+   side branch, if it asks for one: :class:`~specviz.tree.SideBranch`): the KV cache holds
    each row's committed tokens *except the last*, the new tokens get depth-based
    position ids and the 4D tree mask (:func:`specviz.tree.pad_trees`), so row ``b``'s
    logits ``(N_b, V)`` are exactly "the target's distribution after node i" that the
    verifiers expect;
-3. the verifier picks the accepted path and the bonus token;
+3. the verifier picks the accepted path and the bonus token; the drafter sees the
+   target's logits (:meth:`~specviz.draft.Drafter.observe_target`);
 4. the cache keeps the prefix plus the root and the accepted path, moved into place
    (:func:`specviz.kvcache.compact_cache`); the bonus token becomes the next root.
 
@@ -43,6 +45,7 @@ from specviz.models.kvcache import cache_length, compact_cache, forward_tokens, 
 from specviz.models.loading import LoadedModel, check_same_tokenizer
 from specviz.sampling import GREEDY, SamplingConfig, make_generator, probs_from_logits, sample
 from specviz.tree.core import DraftTree, depths, pad_masks, pad_trees
+from specviz.tree.side import SideBranch, pad_forward
 from specviz.validate import check_int
 from specviz.verify.rules import Verifier, as_verifier
 
@@ -219,7 +222,8 @@ def _finish(target: LoadedModel, row: _Row, start: float, drafter_name: str, ver
 
 
 def _verify_row(row: _Row, tree: DraftTree, logits: torch.Tensor, verifier: Verifier, config: SamplingConfig,
-                analyze: bool, keep_draft_probs: bool, draft_time: float, forward_time: float) -> StepTrace:
+                analyze: bool, keep_draft_probs: bool, draft_time: float, forward_time: float,
+                side: SideBranch | None) -> StepTrace:
     """Apply the verification rule to one row's tree and record the step; ``logits`` ``(N, V)``."""
     t0 = time.perf_counter()
     acc = verifier(tree, logits, config, row.generator)
@@ -234,7 +238,22 @@ def _verify_row(row: _Row, tree: DraftTree, logits: torch.Tensor, verifier: Veri
         step=len(row.steps),
         tree=tree if keep_draft_probs or tree.draft_probs is None else replace(tree, draft_probs=None),
         acceptance=acc, target_token_probs=node_probs, expected_accept_length=expected,
-        draft_time_s=draft_time, verify_time_s=verify_time, drafter=row.drafter.name, context_len=len(row.tokens))
+        draft_time_s=draft_time, verify_time_s=verify_time, drafter=row.drafter.name, context_len=len(row.tokens),
+        side=side)
+
+
+def _side_branch(row: _Row, tree: DraftTree, prefix: int, max_context: int) -> SideBranch | None:
+    """The row's side branch for this step, or None when it has none or it would run past
+    the context limit."""
+    side = row.drafter.side_branch(torch.tensor(row.tokens), tree)
+    if side is None:
+        return None
+    if not isinstance(side, SideBranch):
+        raise TypeError(f"drafter {row.drafter.name!r} returned a {type(side).__name__} side branch, "
+                        "expected a SideBranch or None")
+    if prefix + side.reach >= max_context:
+        return None
+    return side
 
 
 def _run(target: LoadedModel, drafters: list[Drafter], prompts: list[list[int]], max_new_tokens: int,
@@ -262,7 +281,13 @@ def _run(target: LoadedModel, drafters: list[Drafter], prompts: list[list[int]],
             trees.append(_limit_depth(tree, room - 1))
         prefix = [len(rows[i].tokens) - 1 for i in active]
         assert cache_length(cache) == max(prefix), "cache length out of sync with the committed prefixes"
-        batch = pad_trees(trees, prefix)
+        t0 = time.perf_counter()
+        sides = [_side_branch(rows[i], t, p, target.max_context) for i, t, p in zip(active, trees, prefix)]
+        draft_time += time.perf_counter() - t0
+        if any(s is not None for s in sides):
+            batch = pad_forward(trees, sides, prefix)
+        else:
+            batch = pad_trees(trees, prefix)
         t0 = time.perf_counter()
         logits = forward_tokens(target.model, cache, batch.tokens, batch.position_ids, batch.mask,
                                 attention=attention)  # (B, Nmax, V)
@@ -270,10 +295,13 @@ def _run(target: LoadedModel, drafters: list[Drafter], prompts: list[list[int]],
         pmax = max(prefix)
         keep_rows, dst, src = [], [], []
         for b, i in enumerate(active):
-            row, tree = rows[i], trees[b]
-            trace = _verify_row(row, tree, logits[b, :tree.n_nodes], verifier, config, analyze, keep_draft_probs,
-                                draft_time, forward_time)
+            row, tree, side = rows[i], trees[b], sides[b]
+            n = tree.n_nodes
+            s = side.size if side is not None else 0
+            trace = _verify_row(row, tree, logits[b, :n], verifier, config, analyze, keep_draft_probs,
+                                draft_time, forward_time, side)
             row.steps.append(trace)
+            row.drafter.observe_target(trace, logits[b, :n], logits[b, n:n + s] if side is not None else None)
             row.drafter.observe(trace)
             acc = trace.acceptance
             row.commit(acc.committed_tokens, stops)

@@ -22,6 +22,7 @@ import torch
 
 from specviz.sampling import SamplingConfig
 from specviz.tree.core import DraftTree, children_lists
+from specviz.tree.side import SideBranch
 from specviz.verify.rules import Acceptance
 
 __all__ = [
@@ -94,6 +95,8 @@ class StepTrace:
             (the forward is shared by all rows of a batch; 0 in replay).
         drafter: the drafter's name.
         context_len: committed tokens (prompt included) before the step.
+        side: what the step fed beside the tree (a :class:`~specviz.tree.SideBranch`,
+            e.g. lookahead's window), or None.
     """
 
     step: int
@@ -105,6 +108,17 @@ class StepTrace:
     verify_time_s: float
     drafter: str
     context_len: int
+    side: SideBranch | None = None
+
+    @property
+    def side_tokens(self) -> int:
+        """Tokens the step fed beside the tree."""
+        return 0 if self.side is None else self.side.size
+
+    @property
+    def fed_tokens(self) -> int:
+        """New tokens the step's target call processed (tree nodes plus side tokens)."""
+        return self.tree.n_nodes + self.side_tokens
 
 
 @dataclass(frozen=True)

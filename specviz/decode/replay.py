@@ -80,7 +80,8 @@ def replay_acceptance(target: LoadedModel, drafter: Drafter, reference: Generati
         stop_at_eos: stop where a live run would stop at an end-of-sequence token.
 
     Raises:
-        ValueError: a non-greedy reference, or one that ends before a position a step
+        ValueError: a drafter that needs the target's outputs (Jacobi, lookahead), a
+            non-greedy reference, or one that ends before a position a step
             needs (possible when it stopped at an end-of-sequence token that a draft
             then proposed; record it with ``stop_at_eos=False``).
     """
@@ -90,6 +91,9 @@ def replay_acceptance(target: LoadedModel, drafter: Drafter, reference: Generati
         raise ValueError(f"replay needs a greedy reference, got temperature {reference.config.temperature}")
     budget = check_int("max_new_tokens", reference.max_new_tokens if max_new_tokens is None else max_new_tokens)
     _check_drafter(target, drafter)
+    if drafter.needs_target_outputs:
+        raise ValueError(f"drafter {drafter.name!r} guesses from the target's outputs at every step (its window or "
+                         "last predictions), which a replay does not compute; run it live with speculative_generate")
     start = time.perf_counter()
     stops = stop_rules(target, budget, stop_at_eos)
     cont = list(reference.output_ids)

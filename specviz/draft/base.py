@@ -45,6 +45,7 @@ from specviz.models.kvcache import (
 )
 from specviz.sampling import SamplingConfig
 from specviz.tree.core import DraftTree
+from specviz.tree.side import SideBranch
 from specviz.tree.trie import TokenTrie
 
 __all__ = [
@@ -69,6 +70,9 @@ class Drafter(ABC):
 
     #: short human-readable name used in traces, tables and legends
     name: str = "drafter"
+    #: True for drafters that guess from the target's outputs of earlier steps
+    #: (:meth:`observe_target`), which a replay without target calls cannot supply
+    needs_target_outputs: bool = False
 
     @abstractmethod
     def draft(self, context: torch.Tensor, config: SamplingConfig, sibling_sampling: str,
@@ -98,6 +102,19 @@ class Drafter(ABC):
     def observe(self, step) -> None:  # noqa: B027 - optional hook, no-op by default
         """Called with each finished :class:`~specviz.decode.StepTrace` (adaptive drafters
         update themselves here)."""
+
+    def side_branch(self, context: torch.Tensor, tree: DraftTree) -> SideBranch | None:
+        """Tokens to feed the target beside ``tree`` in this step's forward (None: none).
+
+        Called by the engine after :meth:`draft`; the target's logits at them come back
+        through :meth:`observe_target`. Lookahead decoding's Jacobi window is one."""
+        return None
+
+    def observe_target(self, step, logits: torch.Tensor, side_logits: torch.Tensor | None) -> None:  # noqa: B027
+        """Called by the engine after each verification with the target's ``(N, V)``
+        logits at the tree's nodes and ``(S, V)`` at the side branch (None when the step
+        fed none). Drafters that learn from the target's outputs (Jacobi iteration,
+        lookahead's n-gram pool) override it; no-op by default."""
 
     def reset(self) -> None:  # noqa: B027 - optional hook, no-op by default
         """Forget all per-sequence state (caches, statistics)."""

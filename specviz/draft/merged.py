@@ -34,6 +34,9 @@ class MergedDrafter(Drafter):
         for i, d in enumerate(drafters):
             if not isinstance(d, Drafter):
                 raise TypeError(f"drafters[{i}] must be a Drafter, got {type(d).__name__}")
+            if d.needs_target_outputs:
+                raise ValueError(f"drafters[{i}] ({d.name}) guesses from the target's outputs, which a merged tree "
+                                 "does not pass on; run it on its own")
         self.drafters = drafters
         self.name = "merged(" + "+".join(d.name for d in drafters) + ")"
 

@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 
 from specviz.draft.adaptive import AdaptiveChainDrafter
 from specviz.draft.base import Drafter
+from specviz.draft.lookahead import JacobiDrafter, LookaheadDrafter
 from specviz.draft.merged import MergedDrafter
 from specviz.draft.model import ChainDrafter, DynamicTreeDrafter, TreeDrafter
 from specviz.draft.ngram import NgramDrafter, NgramTrieDrafter
@@ -199,6 +200,16 @@ STRATEGIES: tuple[Strategy, ...] = (
     Strategy("merged", "merged", r"merged", (),
              "SpecInfer merge of a draft-model chain of 4 and an n-gram chain", "topk",
              lambda pair, a: MergedDrafter([ChainDrafter(pair.draft, 4), NgramDrafter()])),
+    Strategy("jacobi", "jacobi[-k<K>]", r"jacobi(?:-k(\d+))?", (Param("k", 5),),
+             "Jacobi decoding: a block of K guesses, last step's target predictions (default k5)", "topk",
+             lambda pair, a: JacobiDrafter(k=a["k"])),
+    Strategy("lookahead", "lookahead[-w<W>-n<N>-g<G>][-context]",
+             r"lookahead(?:-w(\d+)-n(\d+)-g(\d+))?(?:-(context))?",
+             (Param("window", 5), Param("ngram", 4), Param("guesses", 5), Param("pool", "jacobi", "word")),
+             "lookahead decoding: a W-wide Jacobi window of N-1 levels in the target's forward fills an n-gram "
+             "pool, G guesses verified per step; -context adds the committed text's n-grams (default w5-n4-g5)",
+             "topk", lambda pair, a: LookaheadDrafter(window=a["window"], ngram=a["ngram"], guesses=a["guesses"],
+                                                      pool=a["pool"])),
     Strategy("self-spec", "self-spec[-L<LAYERS>][-k<K>]", r"self-spec(?:-L(\d+))?(?:-k(\d+))?",
              (Param("n_layers"), Param("k", 4)),
              "target's first LAYERS layers draft a chain of K (default half the layers, k4)", "chain", _self_spec),

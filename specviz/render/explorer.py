@@ -34,6 +34,8 @@ from specviz.draft.registry import MethodSpec
 from specviz.models.loading import ModelPair, load_pair, tiny_pair
 from specviz.render import (
     figure_mimebundle,
+    lookahead_mask_figure,
+    lookahead_step_figure,
     mask_figure,
     stats_html,
     step_tree_figure,
@@ -60,6 +62,12 @@ _REGISTRY_NAMES: dict[str, Callable[["ExplorerSettings"], str]] = {
     "static shape": lambda s: f"tree-k{s.width}-d{s.depth}-n{s.budget}",
     "dynamic": lambda s: f"dynamic-k{s.width}-d{s.depth}-n{s.budget}",
     "n-gram": lambda s: f"ngram-trie-n3-d{s.depth}-b{s.budget}-m{s.width}",
+    "lookahead": lambda s: f"lookahead-w{s.width}-n{s.depth + 1}-g{s.budget}",
+}
+#: slider labels (width, depth, budget) per strategy, where they differ from the trees'
+_SLIDER_LABELS: dict[str, tuple[str, str, str]] = {
+    "n-gram": ("matches", "depth", "budget"),
+    "lookahead": ("window W", "guess N-1", "guesses G"),
 }
 #: strategy labels shown in the dropdown
 STRATEGIES: tuple[str, ...] = tuple(_REGISTRY_NAMES)
@@ -80,9 +88,11 @@ class ExplorerSettings:
     Attributes:
         prompt: the user prompt (the chat template is applied).
         strategy: one of :data:`STRATEGIES`.
-        width: top-k, children per node (static shape, dynamic) or merged matches (n-gram).
-        depth: draft depth (the chain length for "chain").
-        budget: maximum draft nodes per step (static shape, dynamic, n-gram).
+        width: top-k, children per node (static shape, dynamic), merged matches (n-gram) or
+            the window's width W (lookahead).
+        depth: draft depth (the chain length for "chain"; a guess's length N - 1 for lookahead).
+        budget: maximum draft nodes per step (static shape, dynamic, n-gram) or guesses
+            per step G (lookahead).
         temperature: 0 = greedy; > 0 samples, verified losslessly.
         max_new_tokens: tokens to generate.
         seed: seeds drafting and verification.
@@ -146,6 +156,7 @@ class _ReportingDrafter(Drafter):
     def __init__(self, inner: Drafter, on_step: Callable[[StepTrace], None]) -> None:
         self.inner = inner
         self.name = inner.name
+        self.needs_target_outputs = inner.needs_target_outputs
         self._on_step = on_step
 
     def draft(self, context, config, sibling_sampling, generator):
@@ -154,6 +165,12 @@ class _ReportingDrafter(Drafter):
     def observe(self, step) -> None:
         self.inner.observe(step)
         self._on_step(step)
+
+    def side_branch(self, context, tree):
+        return self.inner.side_branch(context, tree)
+
+    def observe_target(self, step, logits, side_logits) -> None:
+        self.inner.observe_target(step, logits, side_logits)
 
     def reset(self) -> None:
         self.inner.reset()
@@ -262,7 +279,8 @@ class Explorer:
         strategy = self.strategy.value
         self.width.disabled = strategy == "chain"
         self.budget.disabled = strategy == "chain"
-        self.width.description = "matches" if strategy == "n-gram" else "width (top-k)"
+        labels = _SLIDER_LABELS.get(strategy, ("width (top-k)", "depth", "budget"))
+        self.width.description, self.depth.description, self.budget.description = labels
 
     def _on_settings(self, change) -> None:
         self._sync_enabled()
@@ -354,17 +372,23 @@ class Explorer:
         s = min(self.step.value, len(result.steps) - 1)
         step = result.steps[s]
         self.stats.value = stats_html(result, s)
-        self._display(self.tree_out, step_tree_figure(step, tokenizer=tokenizer))
+        figures = [step_tree_figure(step, tokenizer=tokenizer)]
+        if step.side is not None:
+            figures.append(lookahead_step_figure(step, tokenizer=tokenizer))
+        self._display(self.tree_out, *figures)
         if self.show_mask.value:
-            self._display(self.mask_out, mask_figure(step.tree, tokenizer=tokenizer))
+            mask = (lookahead_mask_figure(step, tokenizer=tokenizer) if step.side is not None
+                    else mask_figure(step.tree, tokenizer=tokenizer))
+            self._display(self.mask_out, mask)
         else:
             self.mask_out.outputs = ()
         self._display(self.steps_out, step_view_figure(result, tokenizer=tokenizer, highlight_step=s))
 
     @staticmethod
-    def _display(out, fig) -> None:
+    def _display(out, *figs) -> None:
         # Assigning the outputs (rather than `with out: display(fig)`) works from any thread.
-        out.outputs = ({"output_type": "display_data", "data": figure_mimebundle(fig), "metadata": {}},)
+        out.outputs = tuple({"output_type": "display_data", "data": figure_mimebundle(fig), "metadata": {}}
+                            for fig in figs)
 
     def _repr_mimebundle_(self, **kwargs):
         return self.widget._repr_mimebundle_(**kwargs)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
-from specviz.render.trees import MONO_FONT, _title, escape_token, token_text
+from specviz.render.trees import MONO_FONT, escape_token, figure_title, token_text
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -190,7 +190,7 @@ def step_view_figure(result: "GenerationResult", *, tokenizer: Any = None,
                  f"acceptance rate {stats.acceptance_rate:.3f}")
     char_px = 8.2  # width of one character of the 13 px monospace font
     fig.update_layout(
-        title=_title(title), barmode="stack",
+        title=figure_title(title), barmode="stack",
         width=int(max(520, char_px * line_chars + 140)), height=int(text_h + bars_h + 160),
         margin=dict(l=60, r=30, t=90, b=130), plot_bgcolor="white", paper_bgcolor="white",
         legend=dict(orientation="h", yanchor="top", y=-0.12, xanchor="left", x=0.0),

@@ -55,6 +55,7 @@ __all__ = [
     "tree_figure",
     "step_tree_figure",
     "mask_figure",
+    "figure_title",
 ]
 
 STATUSES: tuple[str, ...] = ("root", "accepted", "bonus", "rejected", "never reached", "drafted")
@@ -278,7 +279,7 @@ def _fmt(value: float | None) -> str:
     return "–" if value is None else f"{value:.3f}"
 
 
-def _title(text: str, **style) -> dict:
+def figure_title(text: str, **style) -> dict:
     """A plotly title from plain text: the first line is the title, further lines its
     subtitle (plotly places a subtitle correctly where a multi-line title drifts)."""
     first, _, rest = text.partition("\n")
@@ -380,7 +381,7 @@ def tree_figure(tree: DraftTree | TreeShape, acceptance: "Acceptance | None" = N
     height = max(300, int(row_px * (lay.depth + 1)) + 190)
     # title on top, legend below the tree: neither can cover the other however narrow the figure
     fig.update_layout(
-        title=_title(title),
+        title=figure_title(title),
         width=width, height=height, margin=dict(l=30, r=30, t=80, b=110),
         plot_bgcolor="white", paper_bgcolor="white", dragmode="pan", hovermode="closest",
         legend=dict(orientation="h", yanchor="top", y=-0.02, xanchor="left", x=0.0),
@@ -433,7 +434,7 @@ def mask_figure(tree: DraftTree, *, tokenizer: Any = None, prefix_len: int = 0,
     ))
     n_rows, n_cols = len(rows), len(cols)
     fig.update_layout(
-        title=_title(title or f"tree attention mask: {n_rows} nodes, prefix {prefix_len}\n"
+        title=figure_title(title or f"tree attention mask: {n_rows} nodes, prefix {prefix_len}\n"
                               "filled = may attend"),
         width=max(360, cell_px * n_cols + 180), height=max(300, cell_px * n_rows + 200),
         margin=dict(l=120, r=20, t=90, b=120), plot_bgcolor="white",

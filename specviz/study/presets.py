@@ -80,10 +80,11 @@ _RULES = "04_verification_rules.ipynb"
 _TIMING = "05_tree_attention_timing.ipynb"
 _SPEED = "06_end_to_end_speed.ipynb"
 _REPORT = "08_report.ipynb"
+_LOOKAHEAD = "09_lookahead.ipynb"
 
 #: The presets, by name. ``smoke`` is the smallest run of every notebook (the tests use
-#: it), ``quick`` the default study, ``full`` everything at full size. The report
-#: notebook comes last and reads the tables the others wrote.
+#: it), ``quick`` the default study, ``full`` everything at full size. Notebooks run in
+#: the order of their numbers; the report (08) reads the tables of 01-06.
 PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
     Preset("smoke", "every notebook at its smallest size: checks an installation in a few minutes", (
         NotebookRun(_QUICKSTART, {"max_new_tokens": 8, "tree_branching": [2, 1]}),
@@ -99,6 +100,9 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
                              "cost_sizes": [1, 4], "cost_prefix": 32, "cost_repeats": 1, "plan_budgets": [1, 2, 4],
                              "plan_depths": [1, 2], "probe_dtypes": []}),
         NotebookRun(_REPORT),
+        NotebookRun(_LOOKAHEAD, {"max_new_tokens": 8, "sweep_windows": [5], "sweep_ngrams": [4],
+                                 "sweep_guesses": [5], "context_pool": False, "others": ["ngram"],
+                                 "cost_sizes": [1, 16], "cost_prefix": 32, "cost_repeats": 1, "lab_trials": 200}),
     ), report="08_report"),
     Preset("quick", "the default study, sized to finish in under 20 minutes on a 2-core CPU", (
         NotebookRun(_QUICKSTART),
@@ -113,6 +117,8 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
                              "methods": ["chain-k4", "dynamic-k4-d5-n16", "ngram"],
                              "sequoia_budgets": [8], "cost_sizes": [1, 2, 4, 8, 16, 64]}),
         NotebookRun(_REPORT),
+        NotebookRun(_LOOKAHEAD, {"prompt_limit": 3, "max_new_tokens": 32, "sweep_windows": [5], "sweep_ngrams": [4],
+                                 "sweep_guesses": [5], "others": ["ngram"], "cost_sizes": [1, 2, 4, 8, 16, 32]}),
     ), report="08_report"),
     Preset("full", "every prompt and budget, longer generations, more repeats and trials", (
         NotebookRun(_QUICKSTART, {"max_new_tokens": 128}),
@@ -129,6 +135,10 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
                              "sequoia_budgets": [4, 8, 16, 32], "cost_sizes": [1, 2, 4, 8, 16, 32, 64, 128],
                              "cost_repeats": 3}),
         NotebookRun(_REPORT),
+        NotebookRun(_LOOKAHEAD, {"prompt_limit": 14, "max_new_tokens": 128, "sweep_windows": [3, 5, 7, 10],
+                                 "sweep_ngrams": [3, 4, 5], "sweep_guesses": [2, 5, 10], "sweep_prompts": 2,
+                                 "others": ["ngram", "ngram-trie", "chain-k4", "dynamic-k4-d5-n16", "jacobi-k5"],
+                                 "cost_sizes": [1, 2, 4, 8, 16, 32, 64], "cost_repeats": 3, "lab_trials": 10000}),
     ), report="08_report"),
 )})
 

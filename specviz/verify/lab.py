@@ -16,7 +16,8 @@ and "how long is the accepted path on average?" exactly
   drawing siblings the way a verifier requires (``sibling_sampling``);
 * :func:`check_rule` - verify ``trials`` freshly drafted trees and compare the first
   emitted token's frequencies with the target distribution (chi-square test), next to
-  the realised and exact expected acceptance length;
+  the realised and exact expected acceptance length; :func:`check_proposals` does the
+  same for trees from any proposer (the deterministic guesses of Jacobi and lookahead);
 * :func:`checks_table` / :func:`distributions_table` - the results as tidy tables.
 
 Dimension legend: V = vocabulary size, N = tree nodes including the root,
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import pandas as pd
 import torch
@@ -53,6 +54,7 @@ __all__ = [
     "draft_tree",
     "DistributionCheck",
     "check_rule",
+    "check_proposals",
     "checks_table",
     "distributions_table",
     "expected_acceptance_table",
@@ -298,9 +300,28 @@ def check_rule(pair: ToyPair, shape: TreeShape, rule: str, config: SamplingConfi
         sibling_sampling: how siblings are drafted; default: the way ``rule`` requires.
             Pass another mode to see what drafting the wrong way does.
     """
-    check_int("trials", trials)
     verifier = get_verifier(rule)
     mode = verifier.sibling_sampling if sibling_sampling is None else sibling_sampling
+    return check_proposals(pair, lambda g: draft_tree(pair.draft, shape, config, mode, g), rule, config,
+                           trials=trials, seed=seed, sibling_sampling=mode)
+
+
+def check_proposals(pair: ToyPair, propose: Callable[[torch.Generator], DraftTree], rule: str,
+                    config: SamplingConfig, *, trials: int, seed: int = 0,
+                    sibling_sampling: str = "deterministic") -> DistributionCheck:
+    """:func:`check_rule` for trees from any proposer, e.g. the guesses of a draft-free
+    strategy (Jacobi, lookahead), which are fixed before the step and carry no draft
+    distribution.
+
+    Args:
+        propose: ``propose(generator)`` -> a tree rooted at token 0 whose paths are at most
+            ``pair.target.max_depth`` long; it may draw from ``generator``, which
+            verification never touches.
+        sibling_sampling: how the proposals came about, for the report.
+        Other arguments as in :func:`check_rule`.
+    """
+    check_int("trials", trials)
+    verifier = get_verifier(rule)
     g_draft = make_generator(seed)
     g_verify = make_generator(seed + 1)
     target_p = probs_from_logits(pair.target.logits([]), config).double()  # (V,)
@@ -308,7 +329,7 @@ def check_rule(pair: ToyPair, shape: TreeShape, rule: str, config: SamplingConfi
     accepted = 0
     expected = 0.0
     for _ in range(trials):
-        tree = draft_tree(pair.draft, shape, config, mode, g_draft)
+        tree = propose(g_draft)
         logits = pair.target.tree_logits(tree)  # (N, V)
         acc = verifier(tree, logits, config, g_verify)
         counts[acc.committed_tokens[0]] += 1
@@ -316,7 +337,7 @@ def check_rule(pair: ToyPair, shape: TreeShape, rule: str, config: SamplingConfi
         expected += expected_accept_length(tree, logits, config, rule=verifier)
     chi2, p_value = _chi_square(counts, target_p)
     return DistributionCheck(
-        rule=verifier.name, sibling_sampling=mode, lossless=verifier.lossless, trials=trials,
+        rule=verifier.name, sibling_sampling=sibling_sampling, lossless=verifier.lossless, trials=trials,
         target=tuple(target_p.tolist()), empirical=tuple((counts / trials).tolist()),
         chi2=chi2, p_value=p_value, mean_accept_length=accepted / trials,
         expected_accept_length=expected / trials,
