@@ -154,6 +154,20 @@ def test_tree_figure_escapes_whitespace_and_html(tokenizer):
     assert not any(s.isspace() for s in texts)
 
 
+def test_quotes_reach_plotly_as_quotes(tokenizer):
+    """plotly draws ``&quot;`` and ``&#x27;`` literally: labels, hovers, titles and step
+    texts keep quotes as characters and escape only ``&``, ``<`` and ``>``."""
+    ids = [tokenizer.encode(s)[0] for s in ("a", '"', "'", "<")]
+    tree = DraftTree.from_lists(ids, [-1, 0, 1, 2])
+    fig = tree_figure(tree, tokenizer=tokenizer, title='a "quoted" title')
+    texts = [s for t in _marker_traces(fig).values() for s in t.text]
+    hovers = [h for t in fig.data if t.hovertext for h in t.hovertext]
+    mask = mask_figure(tree, tokenizer=tokenizer)
+    drawn = " ".join(texts + hovers + list(mask.data[0].y) + [fig.layout.title.text])
+    assert '"' in texts and "'" in texts and "&lt;" in texts
+    assert "&quot;" not in drawn and "&#x27;" not in drawn and '"quoted"' in drawn
+
+
 @pytest.mark.parametrize("n", [1, 2, 40, 128])
 def test_tree_figure_sizes(n):
     parents = [-1] + [max(0, i - 1 - (i % 3)) for i in range(1, n)]

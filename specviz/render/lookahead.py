@@ -14,13 +14,12 @@ Both take a :class:`~specviz.decode.StepTrace` of a run whose drafter feeds a si
 
 from __future__ import annotations
 
-import html
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from specviz.draft.lookahead import guesses_of
-from specviz.render.trees import MONO_FONT, STATUS_STYLE, escape_token, figure_title, token_text
+from specviz.render.trees import MONO_FONT, STATUS_STYLE, escape_token, figure_title, plot_text, token_text
 from specviz.tree.side import forward_mask
 
 if TYPE_CHECKING:
@@ -35,7 +34,7 @@ BRANCH_COLORS = {"root": "#000000", "verification branch": "#0072B2", "lookahead
 
 
 def _label(tokenizer: Any, token: int) -> str:
-    return html.escape(escape_token(token_text(tokenizer, token), 10))
+    return plot_text(escape_token(token_text(tokenizer, token), 10))
 
 
 def _check_step(step) -> None:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
-from specviz.render.trees import MONO_FONT, escape_token, figure_title, token_text
+from specviz.render.trees import MONO_FONT, escape_token, figure_title, plot_text, token_text
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -145,10 +145,10 @@ def step_view_figure(result: "GenerationResult", *, tokenizer: Any = None,
         members = [i for i, t in enumerate(toks) if t.kind == kind]
         fig.add_trace(go.Scatter(
             x=[where[i][1] + len(labels[i]) / 2 for i in members], y=[-where[i][0] for i in members],
-            mode="text", text=[html.escape(labels[i]) for i in members],
+            mode="text", text=[plot_text(labels[i]) for i in members],
             textfont=dict(family=MONO_FONT, size=13, color="#000000", weight=weight),
             name="accepted draft token" if kind == "drafted" else "bonus token (target)",
-            hovertext=[f"{html.escape(labels[i])}<br>output position {toks[i].position}<br>"
+            hovertext=[f"{plot_text(labels[i])}<br>output position {toks[i].position}<br>"
                        f"step {toks[i].step} · {kind}" for i in members],
             hoverinfo="text", legendgroup=kind,
         ), row=1, col=1)

@@ -56,6 +56,7 @@ __all__ = [
     "step_tree_figure",
     "mask_figure",
     "figure_title",
+    "plot_text",
 ]
 
 STATUSES: tuple[str, ...] = ("root", "accepted", "bonus", "rejected", "never reached", "drafted")
@@ -279,13 +280,19 @@ def _fmt(value: float | None) -> str:
     return "–" if value is None else f"{value:.3f}"
 
 
+def plot_text(text: str) -> str:
+    """``text`` made safe for plotly's text, labels and hovers: ``&``, ``<`` and ``>`` become
+    entities, quotes stay as they are (plotly draws ``&quot;`` and ``&#x27;`` literally)."""
+    return html.escape(text, quote=False)
+
+
 def figure_title(text: str, **style) -> dict:
     """A plotly title from plain text: the first line is the title, further lines its
     subtitle (plotly places a subtitle correctly where a multi-line title drifts)."""
     first, _, rest = text.partition("\n")
-    out = dict(text=html.escape(first), x=0.01, xanchor="left", font=dict(size=16), **style)
+    out = dict(text=plot_text(first), x=0.01, xanchor="left", font=dict(size=16), **style)
     if rest:
-        out["subtitle"] = dict(text="<br>".join(html.escape(line) for line in rest.split("\n")),
+        out["subtitle"] = dict(text="<br>".join(plot_text(line) for line in rest.split("\n")),
                                font=dict(size=13))
     return out
 
@@ -293,7 +300,7 @@ def figure_title(text: str, **style) -> dict:
 def _hover(v: NodeInfo) -> str:
     token = "" if v.token is None else f" (id {v.token})"
     lines = [
-        f"<b>{html.escape(escape_token(v.text, max_chars=None))}</b>{token}",
+        f"<b>{plot_text(escape_token(v.text, max_chars=None))}</b>{token}",
         f"node {v.index} · depth {v.depth} · {v.status}",
         f"rank {'–' if v.rank is None else v.rank}",
         f"q (draft prob) {_fmt(v.q)}",
@@ -363,7 +370,7 @@ def tree_figure(tree: DraftTree | TreeShape, acceptance: "Acceptance | None" = N
         fig.add_trace(go.Scatter(
             x=[x[v.index] for v in members], y=[-y[v.index] for v in members],
             mode="markers+text", name=status,
-            text=[html.escape(v.label) for v in members], textposition="middle right",
+            text=[plot_text(v.label) for v in members], textposition="middle right",
             textfont=dict(family=MONO_FONT, size=12, color="#222222"),
             marker=dict(color=style.color, symbol=style.symbol, size=style.size,
                         line=dict(color="#FFFFFF" if status != "never reached" else style.color,
@@ -423,7 +430,7 @@ def mask_figure(tree: DraftTree, *, tokenizer: Any = None, prefix_len: int = 0,
         raise TypeError(f"tree must be a DraftTree, got {type(tree).__name__}")
     mask = tree_attention_mask(tree, prefix_len)  # (N, P + N) bool
     nodes = tree_nodes(tree, tokenizer=tokenizer)
-    rows = [f"{v.index}:{html.escape(v.label)}" for v in nodes]
+    rows = [f"{v.index}:{plot_text(v.label)}" for v in nodes]
     cols = [f"ctx-{prefix_len - j}" for j in range(prefix_len)] + rows
     hover = [[f"{rows[i]} {'may attend to' if mask[i, j] else 'is masked from'} {cols[j]}"
               for j in range(len(cols))] for i in range(len(rows))]

@@ -20,8 +20,9 @@ Everything a run produces lands under its output directory (default
 Re-running the same command skips every notebook whose marker matches (same source,
 same parameters, same prompt file contents) and resumes long notebooks unit by unit,
 so an interrupted run loses at most the unit that was in flight. The report notebook
-(``08_report``) also runs again whenever a notebook it reads from finished since the
-report last ran, so ``report.html`` never describes older results than the tables.
+(``08_report``) also runs again whenever a notebook before it (whose tables it reads)
+finished since the report last ran, so ``report.html`` never describes older results than
+the tables.
 
 Notebooks receive ``out_dir`` (the run directory) and, when they declare them,
 ``prompts_path`` and ``prompt_limit`` from ``--prompts`` and ``--limit``; the rest of
@@ -364,13 +365,13 @@ def _run_plans(plans: Sequence[_Plan], spec: Preset, out: Path, *, force: bool, 
 
 
 def _report_inputs(out: Path, spec: Preset) -> list[list[str]] | None:
-    """What the report notebook reads: the done-markers of the preset's other notebooks
-    (fingerprint and finishing time). A report whose recorded inputs differ is stale and
-    runs again, even when its own source and parameters did not change."""
+    """What the report notebook reads: the done-markers of the notebooks that run before it
+    in the preset (fingerprint and finishing time). A report whose recorded inputs differ is
+    stale and runs again, even when its own source and parameters did not change."""
     inputs = []
     for run in spec.runs:
         if run.stem == spec.report:
-            continue
+            break
         done = _read_marker(out / "state" / f"{run.stem}.done.json") or {}
         inputs.append([run.stem, str(done.get("fingerprint", "")), str(done.get("finished", ""))])
     return inputs
