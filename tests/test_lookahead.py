@@ -10,8 +10,8 @@ from specviz.draft.registry import build_drafter, parse_strategy
 from specviz.models.kvcache import forward_tokens, new_cache
 from specviz.models.loading import tiny_model, tiny_pair
 from specviz.sampling import GREEDY, SamplingConfig
-from specviz.tree.core import DraftTree
-from specviz.tree.side import SideBranch, forward_mask, pad_forward
+from specviz.tree.core import DraftTree, forward_mask, pad_trees
+from specviz.tree.side import SideBranch
 from specviz.verify.lab import check_proposals, toy_pair
 
 PAIR = tiny_pair(seed=0)
@@ -74,7 +74,7 @@ def test_side_logits_are_the_jacobi_predictions_and_tree_logits_are_unchanged():
     tree = guess_tree(root, [[7, 8], [7, 5], [2]])
     cache = new_cache(target.model)
     forward_tokens(target.model, cache, torch.tensor([ctx[:-1]]), torch.arange(p)[None], None)
-    batch = pad_forward([tree], [side], [p])
+    batch = pad_trees([tree], [p], sides=[side])
     logits = forward_tokens(target.model, cache, batch.tokens, batch.position_ids, batch.mask)[0]
     n = tree.n_nodes
     for lv in range(m):

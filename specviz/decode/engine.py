@@ -45,7 +45,7 @@ from specviz.models.kvcache import cache_length, compact_cache, forward_tokens, 
 from specviz.models.loading import LoadedModel, check_same_tokenizer
 from specviz.sampling import GREEDY, SamplingConfig, make_generator, probs_from_logits, sample
 from specviz.tree.core import DraftTree, depths, pad_masks, pad_trees
-from specviz.tree.side import SideBranch, pad_forward
+from specviz.tree.side import SideBranch
 from specviz.validate import check_int
 from specviz.verify.rules import Verifier, as_verifier
 
@@ -242,10 +242,11 @@ def _verify_row(row: _Row, tree: DraftTree, logits: torch.Tensor, verifier: Veri
         side=side)
 
 
-def _side_branch(row: _Row, tree: DraftTree, prefix: int, max_context: int) -> SideBranch | None:
-    """The row's side branch for this step, or None when it has none or it would run past
-    the context limit."""
-    side = row.drafter.side_branch(torch.tensor(row.tokens), tree)
+def _side_branch(row: _Row, context: torch.Tensor, tree: DraftTree, prefix: int,
+                 max_context: int) -> SideBranch | None:
+    """The row's side branch for this step (``context``: its committed tokens), or None when
+    it has none or it would run past the context limit."""
+    side = row.drafter.side_branch(context, tree)
     if side is None:
         return None
     if not isinstance(side, SideBranch):
@@ -270,8 +271,9 @@ def _run(target: LoadedModel, drafters: list[Drafter], prompts: list[list[int]],
     cache = _prefill(target, [r.tokens for r in rows])
     while active:
         t0 = time.perf_counter()
-        drafted = draft_all([rows[i].drafter for i in active], [torch.tensor(rows[i].tokens) for i in active],
-                            config, mode, [rows[i].generator for i in active])
+        contexts = [torch.tensor(rows[i].tokens) for i in active]  # (L_b,) per row
+        drafted = draft_all([rows[i].drafter for i in active], contexts, config, mode,
+                            [rows[i].generator for i in active])
         draft_time = time.perf_counter() - t0
         trees = []
         for i, tree in zip(active, drafted):
@@ -282,12 +284,10 @@ def _run(target: LoadedModel, drafters: list[Drafter], prompts: list[list[int]],
         prefix = [len(rows[i].tokens) - 1 for i in active]
         assert cache_length(cache) == max(prefix), "cache length out of sync with the committed prefixes"
         t0 = time.perf_counter()
-        sides = [_side_branch(rows[i], t, p, target.max_context) for i, t, p in zip(active, trees, prefix)]
+        sides = [_side_branch(rows[i], c, t, p, target.max_context)
+                 for i, c, t, p in zip(active, contexts, trees, prefix)]
         draft_time += time.perf_counter() - t0
-        if any(s is not None for s in sides):
-            batch = pad_forward(trees, sides, prefix)
-        else:
-            batch = pad_trees(trees, prefix)
+        batch = pad_trees(trees, prefix, sides=sides)
         t0 = time.perf_counter()
         logits = forward_tokens(target.model, cache, batch.tokens, batch.position_ids, batch.mask,
                                 attention=attention)  # (B, Nmax, V)

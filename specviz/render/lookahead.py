@@ -20,7 +20,7 @@ import torch
 
 from specviz.draft.lookahead import guesses_of
 from specviz.render.trees import MONO_FONT, STATUS_STYLE, escape_token, figure_title, plot_text, token_text
-from specviz.tree.side import forward_mask
+from specviz.tree.core import forward_mask
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go

@@ -31,11 +31,14 @@ B = batch size, P = committed prefix length (KV cache length).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 import torch
 
 from specviz.tree.shapes import TreeShape
+
+if TYPE_CHECKING:
+    from specviz.tree.side import SideBranch
 
 __all__ = [
     "DraftTree",
@@ -50,6 +53,7 @@ __all__ = [
     "tree_attention_mask",
     "pad_masks",
     "TreeBatch",
+    "forward_mask",
     "pad_trees",
 ]
 
@@ -375,36 +379,63 @@ def pad_masks(masks: Sequence[torch.Tensor], prefix_lens: Sequence[int]) -> torc
     return out
 
 
-def pad_trees(trees: Sequence[DraftTree], prefix_lens: Sequence[int], pad_token: int = 0) -> TreeBatch:
+def forward_mask(tree: DraftTree, side: "SideBranch | None" = None) -> torch.Tensor:
+    """``(N+S, N+S)`` bool mask of one step's new tokens: the tree's ancestor mask, then
+    the side branch (:class:`~specviz.tree.SideBranch`), which sees the root and its own
+    mask and is seen by nothing else."""
+    anc = ancestor_mask(tree)  # (N, N)
+    if side is None:
+        return anc
+    n, s = tree.n_nodes, side.size
+    out = torch.zeros(n + s, n + s, dtype=torch.bool)
+    out[:n, :n] = anc
+    out[n:, 0] = True
+    out[n:, n:] = side.mask
+    return out
+
+
+def pad_trees(trees: Sequence[DraftTree], prefix_lens: Sequence[int], pad_token: int = 0,
+              sides: "Sequence[SideBranch | None] | None" = None) -> TreeBatch:
     """Pad ``trees`` (one per batch row) to a common size and build their batched mask.
 
     Args:
         trees: one ``DraftTree`` per row.
         prefix_lens: committed prefix length per row (KV entries before the tree).
         pad_token: token id written into padding node slots.
+        sides: per row, a :class:`~specviz.tree.SideBranch` fed after the tree's nodes at
+            positions ``prefix_lens[b] + offset``, or None (default: none in any row).
 
     Returns:
         A ``TreeBatch``; the key axis of ``mask`` is ``max(prefix_lens) + Nmax`` wide, with
-        row b's prefix occupying slots ``[0, prefix_lens[b])`` and the tree nodes occupying
-        slots ``[Pmax, Pmax + Nmax)``.
+        row b's prefix occupying slots ``[0, prefix_lens[b])`` and its new tokens (tree
+        nodes, then side tokens) occupying slots ``[Pmax, Pmax + Nmax)``. ``n_nodes``
+        counts tree nodes only, so ``logits[b, :n_nodes[b]]`` are the tree's and the side
+        tokens' follow them.
     """
     if len(trees) == 0:
         raise ValueError("pad_trees needs at least one tree")
     if len(prefix_lens) != len(trees):
         raise ValueError(f"got {len(trees)} trees but {len(prefix_lens)} prefix lengths")
-    b = len(trees)
-    nmax = max(t.n_nodes for t in trees)
+    sides = [None] * len(trees) if sides is None else list(sides)
+    if len(sides) != len(trees):
+        raise ValueError(f"got {len(trees)} trees but {len(sides)} side branches")
+    sizes = [t.n_nodes + (0 if side is None else side.size) for t, side in zip(trees, sides)]
+    b, nmax = len(trees), max(sizes)
     tokens = torch.full((b, nmax), pad_token, dtype=torch.long)
     pos = torch.zeros(b, nmax, dtype=torch.long)
     valid = torch.zeros(b, nmax, dtype=torch.bool)
-    for r, (tree, p) in enumerate(zip(trees, prefix_lens)):
-        n = tree.n_nodes
+    masks = []
+    for r, (tree, side, p) in enumerate(zip(trees, sides, prefix_lens)):
+        p, n, size = int(p), tree.n_nodes, sizes[r]
+        pr = position_ids(tree, p)
         tokens[r, :n] = tree.tokens
-        pr = position_ids(tree, int(p))
-        pos[r, :n] = pr
-        pos[r, n:] = pr.max()
-        valid[r, :n] = True
-    mask = pad_masks([tree_attention_mask(t, int(p)) for t, p in zip(trees, prefix_lens)], prefix_lens)
-    return TreeBatch(tokens, pos, mask, valid,
+        if side is not None:
+            tokens[r, n:size] = side.tokens
+            pr = torch.cat([pr, p + side.offsets])
+        pos[r, :size] = pr
+        pos[r, size:] = pr.max()
+        valid[r, :size] = True
+        masks.append(torch.cat([torch.ones(size, p, dtype=torch.bool), forward_mask(tree, side)], dim=1))
+    return TreeBatch(tokens, pos, pad_masks(masks, prefix_lens), valid,
                      torch.tensor([t.n_nodes for t in trees], dtype=torch.long),
                      torch.tensor([int(p) for p in prefix_lens], dtype=torch.long))

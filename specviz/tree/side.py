@@ -8,10 +8,9 @@ and the mask among themselves. Side tokens see the committed prefix and the root
 see no draft node and no draft node sees them, so the tree's logits are exactly what
 they would be without the branch, and verification stays what it is.
 
-:func:`forward_mask` lays out one step's full mask over ``[tree nodes, side tokens]``
-(what the engine feeds and what :func:`specviz.render.lookahead_mask_figure` draws);
-:func:`pad_forward` batches trees with optional side branches the way
-:func:`~specviz.tree.pad_trees` batches bare trees.
+:func:`~specviz.tree.forward_mask` lays out one step's full mask over ``[tree nodes,
+side tokens]`` (what the engine feeds and what :func:`specviz.render.lookahead_mask_figure`
+draws); :func:`~specviz.tree.pad_trees` batches trees with their side branches.
 
 Dimension legend: N = tree nodes including the root, S = side tokens, P = committed
 prefix (cached), B = batch rows.
@@ -20,13 +19,11 @@ prefix (cached), B = batch rows.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 
-from specviz.tree.core import DraftTree, TreeBatch, ancestor_mask, pad_masks, position_ids
 
-__all__ = ["SideBranch", "forward_mask", "pad_forward"]
+__all__ = ["SideBranch"]
 
 
 @dataclass(frozen=True)
@@ -83,51 +80,3 @@ class SideBranch:
     def reach(self) -> int:
         """The largest offset from the root."""
         return int(self.offsets.max())
-
-
-def forward_mask(tree: DraftTree, side: SideBranch | None = None) -> torch.Tensor:
-    """``(N+S, N+S)`` bool mask of one step's new tokens: the tree's ancestor mask, then
-    the side branch, which sees the root and its own mask and is seen by nothing else."""
-    anc = ancestor_mask(tree)  # (N, N)
-    if side is None:
-        return anc
-    n, s = tree.n_nodes, side.size
-    out = torch.zeros(n + s, n + s, dtype=torch.bool)
-    out[:n, :n] = anc
-    out[n:, 0] = True
-    out[n:, n:] = side.mask
-    return out
-
-
-def pad_forward(trees: Sequence[DraftTree], sides: Sequence[SideBranch | None], prefix_lens: Sequence[int],
-                pad_token: int = 0) -> TreeBatch:
-    """:func:`~specviz.tree.pad_trees` for trees followed by side branches.
-
-    Row ``b`` feeds ``trees[b]``'s nodes, then ``sides[b]``'s tokens (if any) at
-    positions ``prefix_lens[b] + offset``. ``n_nodes`` counts tree nodes only, so
-    ``logits[b, :n_nodes[b]]`` are the tree's and the side tokens' follow them.
-    """
-    if len(trees) != len(sides) or len(trees) != len(prefix_lens):
-        raise ValueError(f"got {len(trees)} trees, {len(sides)} side branches and {len(prefix_lens)} prefix lengths")
-    if not trees:
-        raise ValueError("pad_forward needs at least one tree")
-    sizes = [t.n_nodes + (s.size if s is not None else 0) for t, s in zip(trees, sides)]
-    b, nmax = len(trees), max(sizes)
-    tokens = torch.full((b, nmax), pad_token, dtype=torch.long)
-    pos = torch.zeros(b, nmax, dtype=torch.long)
-    valid = torch.zeros(b, nmax, dtype=torch.bool)
-    masks = []
-    for r, (tree, side, p) in enumerate(zip(trees, sides, prefix_lens)):
-        p, n = int(p), tree.n_nodes
-        row_pos = position_ids(tree, p)
-        tokens[r, :n] = tree.tokens
-        if side is not None:
-            tokens[r, n:sizes[r]] = side.tokens
-            row_pos = torch.cat([row_pos, p + side.offsets])
-        pos[r, :sizes[r]] = row_pos
-        pos[r, sizes[r]:] = row_pos.max()
-        valid[r, :sizes[r]] = True
-        masks.append(torch.cat([torch.ones(sizes[r], p, dtype=torch.bool), forward_mask(tree, side)], dim=1))
-    return TreeBatch(tokens, pos, pad_masks(masks, prefix_lens), valid,
-                     torch.tensor([t.n_nodes for t in trees], dtype=torch.long),
-                     torch.tensor([int(p) for p in prefix_lens], dtype=torch.long))
