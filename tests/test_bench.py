@@ -7,6 +7,8 @@ import re
 import pandas as pd
 import pytest
 
+from specviz.models.loading import tiny_pair
+
 import specviz.bench.__main__ as cli
 import specviz.bench.e2e as bench
 
@@ -165,12 +167,31 @@ def test_sampling_run(prompts_file, tmp_path, capsys, use_tiny):
     (("--limit", "two"), "invalid int value"),
     (("--threads", "0"), "--threads must be >= 1"),
     (("--repeats", "0"), "--repeats must be >= 1"),
+    (("--dtype", "int3"), "--dtype: unknown weight mode 'int3'"),
 ])
 def test_bad_arguments_exit_2(prompts_file, tmp_path, capsys, extra, message):
     argv = ["--models", "tiny", "--prompts", str(prompts_file), "--out", str(tmp_path / "x.csv"), *extra]
     assert cli.main(argv) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "x.csv").exists()
+
+
+def test_weight_modes_and_the_bf16_baseline(prompts_file, tmp_path, capsys, monkeypatch):
+    pair = tiny_pair(dtype="w8a8")
+    monkeypatch.setattr(cli, "_load_models", lambda args: pair)
+    out = tmp_path / "w8a8.csv"
+    argv = _argv(prompts_file, out, methods=("plain", "chain-k2"))
+    argv[argv.index("--dtype") + 1] = "w8a8"
+    assert cli.main(argv) == 0
+    rows = bench.load_results(out)
+    assert set(rows.dtype) == {"w8a8"} and set(rows.method) == {"plain", "chain-k2"}
+    # plain-bf16 runs the target cast to bf16 next to the run's own mode (here fp32).
+    fp32 = tiny_pair()
+    monkeypatch.setattr(cli, "_load_models", lambda args: fp32)
+    assert cli.main(_argv(prompts_file, tmp_path / "fp32.csv", methods=("plain", "plain-bf16"))) == 0
+    rows = bench.load_results(tmp_path / "fp32.csv")
+    assert (rows.loc[rows.method == "plain-bf16", "new_tokens"] > 0).all()
+    assert fp32.target.weight_mode == "fp32"  # the twin is a copy
 
 
 def test_bad_prompt_files_exit_2(tmp_path, capsys):

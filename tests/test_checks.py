@@ -1,6 +1,7 @@
 """The slow-check machinery (specviz.checks) on the tiny pair, so the real-model command
 ``python -m specviz.checks`` cannot rot unnoticed."""
 
+import json
 import math
 
 import pytest
@@ -92,3 +93,29 @@ def test_command_line_rejects_unknown_sections(capsys):
     with pytest.raises(SystemExit):
         main(["--sections", "identity,speed"])
     assert "unknown sections ['speed']" in capsys.readouterr().err
+
+
+def test_command_line_rejects_unknown_accuracy_modes(capsys):
+    with pytest.raises(SystemExit):
+        main(["--sections", "accuracy", "--accuracy-modes", "bf16,int3"])
+    assert "unknown --accuracy-modes ['int3']" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--sections", "accuracy", "--chunk", "0"])
+    assert "--chunk must be >= 1" in capsys.readouterr().err
+
+
+def test_accuracy_section_labels_modes_against_the_bar(tiny_pair, tmp_path, monkeypatch, capsys):
+    import specviz.checks.__main__ as cli
+    from specviz.models.loading import load_model
+
+    monkeypatch.setattr(cli, "load_model", lambda name, mode: load_model(tiny_pair.target, mode))
+    monkeypatch.setattr(cli, "OUTPUTS_DIR", tmp_path, raising=False)
+    out = tmp_path / "acc.json"
+    assert main(["--sections", "accuracy", "--prompts", "2", "--tokens", "6", "--accuracy-modes", "bf16,int4",
+                 "--out", str(out)]) == 0
+    report = json.loads(out.read_text())["accuracy"]
+    bar = {row["weight_mode"]: row for row in report["bar"]}
+    assert set(bar) == {"bf16", "int4"} and report["chunk"] == 4
+    assert bar["bf16"]["bar"] == pytest.approx(bar["bf16"]["agreement"] - 0.02)
+    assert bar["int4"]["lossy"] == (bar["int4"]["agreement"] < bar["int4"]["bar"])
+    assert "weight_mode" in capsys.readouterr().out

@@ -129,6 +129,12 @@ def test_notebook_parameters_adds_what_the_notebook_declares(tmp_path):
     assert params == {"trials": 5, "out_dir": str(tmp_path), "prompts_path": str(tmp_path / "p.jsonl"),
                       "prompt_limit": 3}
     assert notebook_parameters(run, {"trials": {}}, tmp_path, limit=3) == {"trials": 5}
+    # --dtype reaches the notebooks that declare a dtype parameter, and only those.
+    assert notebook_parameters(run, {"trials": {}, "dtype": {}}, tmp_path, dtype="w8a8") == {"trials": 5,
+                                                                                             "dtype": "w8a8"}
+    assert notebook_parameters(run, {"trials": {}}, tmp_path, dtype="w8a8") == {"trials": 5}
+    with pytest.raises(StudyConfigError, match="dtype: unknown weight mode 'int3'"):
+        run_study("quick", dtype="int3", out_dir=tmp_path)
     with pytest.raises(StudyConfigError, match="no parameter"):
         notebook_parameters(NotebookRun("03_x.ipynb", {"nope": 1}), DECLARED, tmp_path)
 

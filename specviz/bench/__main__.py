@@ -90,7 +90,8 @@ def _e2e_parser() -> argparse.ArgumentParser:
                    help="builtin: --target and --draft (default); tiny: specviz's tiny random pair (tests)")
     p.add_argument("--target", default=None, help="target model (default: the built-in 1.5B)")
     p.add_argument("--draft", default=None, help="draft model (default: the built-in 0.5B)")
-    p.add_argument("--dtype", default="bf16", help="bf16 (default) or fp32")
+    p.add_argument("--dtype", default="bf16",
+                   help="weight mode of both models: fp32, bf16 (default), fp16, fp32-wx, int8, int4 or w8a8")
     p.add_argument("--warmup-tokens", type=int, default=16, help="tokens of each method's warm-up run (default 16)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads (default: torch's own choice, left unchanged; recorded either way)")
@@ -128,15 +129,9 @@ def _check_args(args: argparse.Namespace) -> list[MethodSpec]:
 
 
 def _load_models(args: argparse.Namespace):
-    from specviz.models.loading import (
-        DEFAULT_DRAFT,
-        DEFAULT_TARGET,
-        load_pair,
-        parse_dtype,
-        tiny_pair,
-    )
+    from specviz.models.loading import DEFAULT_DRAFT, DEFAULT_TARGET, load_pair, tiny_pair
 
-    dtype = parse_dtype(args.dtype)
+    dtype = args.dtype
     if args.models == "tiny":
         return tiny_pair(dtype=dtype)
     return load_pair(args.target or DEFAULT_TARGET, args.draft or DEFAULT_DRAFT, dtype=dtype)
@@ -151,6 +146,10 @@ def _existing_rows(out: Path, fresh: bool) -> pd.DataFrame:
         raise _UsageError(f"cannot resume from {out}: {exc}; pass --fresh or another --out") from None
     if list(df.columns) != list(COLUMNS):
         raise _UsageError(f"{out} has columns of another version of the benchmark; pass --fresh or another --out")
+    from specviz.models.weights import parse_weight_mode
+
+    # Older files name float modes by their torch dtype ("bfloat16"): one name per mode.
+    df["dtype"] = [parse_weight_mode(d).name if isinstance(d, str) else d for d in df["dtype"]]
     return df
 
 
@@ -233,13 +232,18 @@ def _e2e(argv: list[str]) -> int:
     if args.fresh and out.exists():
         out.unlink()
 
-    from specviz.models.loading import DEFAULT_DRAFT, DEFAULT_TARGET, parse_dtype
+    from specviz.models.loading import DEFAULT_DRAFT, DEFAULT_TARGET
+    from specviz.models.weights import parse_weight_mode
 
     if args.models == "tiny":
         names = ("tiny-qwen2-seed0", "tiny-qwen2-seed0-draft")
     else:
         names = (args.target or DEFAULT_TARGET, args.draft or DEFAULT_DRAFT)
-    dtype = str(parse_dtype(args.dtype)).removeprefix("torch.")
+    try:
+        dtype = parse_weight_mode(args.dtype).name
+    except ValueError as exc:
+        raise _UsageError(f"--dtype: {exc}") from None
+    args.dtype = dtype
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     run = {"temperature": args.temperature, "max_new_tokens": args.max_new_tokens, "seed": args.seed,

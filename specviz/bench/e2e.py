@@ -9,6 +9,9 @@ reports how much faster each is than plain decoding of the target (:func:`summar
 * ``plain`` - transformers' ``target.generate()`` alone (greedy, or sampling at
   ``--temperature``): what a user would otherwise run, and the baseline of every
   speedup. It is always measured.
+* ``plain-bf16`` - ``target.generate()`` of the target loaded in bf16 whatever the run's
+  weight mode (``--dtype``) is: the everyday baseline that a faster weight mode is judged
+  against (its ``speedup`` is relative to ``plain`` in the run's mode).
 * ``hf-assisted`` - ``target.generate(assistant_model=draft)``, transformers' assisted
   generation with its defaults (up to 20 draft tokens per step, cut when the
   assistant's confidence falls below 0.4; transformers tunes that threshold only when
@@ -91,7 +94,7 @@ __all__ = [
 ]
 
 #: transformers' own decoding, the peers specviz is compared with
-PEER_METHODS: tuple[str, ...] = ("plain", "hf-assisted", "hf-prompt-lookup")
+PEER_METHODS: tuple[str, ...] = ("plain", "plain-bf16", "hf-assisted", "hf-prompt-lookup")
 
 #: what ``python -m specviz.bench`` runs unless ``--methods`` says otherwise
 DEFAULT_METHODS: tuple[str, ...] = (
@@ -103,6 +106,8 @@ DEFAULT_METHODS: tuple[str, ...] = (
 #: and specviz's target-only loop, spelled in the strategies' grammar
 PEERS: tuple[Family, ...] = (
     Family("plain", "plain", r"plain", (), "transformers generate() of the target alone (the baseline)"),
+    Family("plain-bf16", "plain-bf16", r"plain-bf16", (),
+           "transformers generate() of the target loaded in bf16, whatever --dtype is (the everyday baseline)"),
     Family("hf-assisted", "hf-assisted", r"hf-assisted", (),
            "transformers assisted generation with the draft model as assistant, its defaults"),
     Family("hf-prompt-lookup", "hf-prompt-lookup[-k<K>]", r"hf-prompt-lookup(?:-k(\d+))?", (Param("k", 10),),
@@ -192,9 +197,28 @@ def _cut_at_eos(tokens: list[int], eos: Sequence[int]) -> tuple[int, ...]:
     return tuple(tokens)
 
 
+_BF16_TWINS: dict[tuple[int, str], object] = {}
+
+
+def _bf16_twin(target):
+    """``target`` in bf16: a cast copy of a model in a float mode, else loaded again by name
+    (kept for the next call)."""
+    if target.weight_mode == "bf16":
+        return target
+    key = (id(target), target.name)
+    if key not in _BF16_TWINS:
+        from specviz.models.loading import load_model
+        from specviz.models.weights import WEIGHT_MODES
+
+        source = target if WEIGHT_MODES[target.weight_mode].convert is None else target.name
+        _BF16_TWINS.clear()  # one twin at a time: a 1.5B bf16 copy is 3 GB
+        _BF16_TWINS[key] = load_model(source, "bf16")
+    return _BF16_TWINS[key]
+
+
 def _run_peer(spec: MethodSpec, pair, ids: list[int], max_new_tokens: int, temperature: float, seed: int,
               eos: tuple[int, ...]) -> Generation:
-    model = pair.target.model
+    model = (_bf16_twin(pair.target) if spec.family == "plain-bf16" else pair.target).model
     pad = pair.target.tokenizer.pad_token_id
     kwargs: dict = {"max_new_tokens": max_new_tokens, "eos_token_id": list(eos),
                     "pad_token_id": eos[0] if pad is None else pad}

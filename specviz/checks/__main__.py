@@ -3,6 +3,13 @@ the sections)::
 
     python -m specviz.checks                        # full: 10 prompts x 128 tokens, every section
     python -m specviz.checks --prompts 3 --tokens 32 --sections identity
+    python -m specviz.checks --sections w8a8,accuracy   # identity in w8a8; every mode's accuracy bar
+
+Sections: ``identity`` (fp32: speculative output must equal plain decoding), a weight mode
+name (``bf16``, ``int8``, ``w8a8``, ...: the same comparison in that mode, divergences
+reported with their near-tie margins), ``accuracy`` (teacher-forced greedy top-1 agreement
+of each mode of ``--accuracy-modes`` with fp32, per category, against the bar of bf16's
+agreement minus 0.02) and ``adaptive``.
 """
 
 from __future__ import annotations
@@ -20,7 +27,8 @@ from specviz.checks.identity import (
     format_checks,
     format_schedules,
 )
-from specviz.models.loading import DEFAULT_DRAFT, DEFAULT_TARGET, load_pair
+from specviz.models.loading import DEFAULT_DRAFT, DEFAULT_TARGET, load_model, load_pair
+from specviz.models.weights import WEIGHT_MODES
 from specviz.study.store import ResultStore
 
 __all__ = ["main"]
@@ -38,7 +46,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=10, help="prompts from the shipped set (default 10)")
     parser.add_argument("--tokens", type=int, default=128, help="new tokens per prompt (default 128)")
     parser.add_argument("--sections", default="identity,bf16,adaptive",
-                        help="comma-separated: identity (fp32), bf16, adaptive")
+                        help="comma-separated: identity (fp32), a weight mode (bf16, int8, w8a8, ...), accuracy, "
+                             "adaptive (default identity,bf16,adaptive)")
+    parser.add_argument("--accuracy-modes", default="bf16,int8,int4,w8a8",
+                        help="weight modes the accuracy section compares with fp32 (default bf16,int8,int4,w8a8)")
+    parser.add_argument("--chunk", type=int, default=4,
+                        help="accuracy: continuation tokens per forward, as verification feeds them (default 4)")
     parser.add_argument("--drafters", default="",
                         help="comma-separated substrings of drafter names to keep (default: all)")
     parser.add_argument("--cost-ratio", type=float, default=0.3,
@@ -47,9 +60,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fresh", action="store_true", help="ignore finished units of an earlier run and start over")
     args = parser.parse_args(argv)
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
-    unknown = sorted(set(sections) - {"identity", "bf16", "adaptive"})
+    mode_sections = [m for m in WEIGHT_MODES if m != "fp32"]
+    unknown = sorted(set(sections) - {"identity", "accuracy", "adaptive", *mode_sections})
     if unknown:
-        parser.error(f"unknown sections {unknown}; choose from identity, bf16, adaptive")
+        parser.error(f"unknown sections {unknown}; choose from identity, accuracy, adaptive, {', '.join(mode_sections)}")
+    accuracy_modes = [m.strip() for m in args.accuracy_modes.split(",") if m.strip()]
+    bad = sorted(set(accuracy_modes) - set(WEIGHT_MODES))
+    if bad:
+        parser.error(f"unknown --accuracy-modes {bad}; choose from {', '.join(WEIGHT_MODES)}")
+    if args.chunk < 1:
+        parser.error(f"--chunk must be >= 1, got {args.chunk}")
     prompts = _prompts(args.prompts)
     keep = [s for s in args.drafters.split(",") if s]
     report: dict[str, object] = {"prompts": args.prompts, "tokens": args.tokens}
@@ -72,7 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             log(f"finished {dtype} units are kept in {path}")
         return stores[dtype]
 
-    for section, dtype in (("identity", "fp32"), ("bf16", "bf16")):
+    runs = [("identity", "fp32")] + [(m, m) for m in mode_sections]
+    for section, dtype in runs:
         if section not in sections:
             continue
         store = store_for(dtype)
@@ -85,6 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if section == "identity" and any(c.identical < c.n_prompts for c in checks):
             status = 1
         del pair, drafters
+    if "accuracy" in sections:
+        report["accuracy"] = _accuracy(args, accuracy_modes, log)
     if "adaptive" in sections:
         pair = load_pair(DEFAULT_TARGET, DEFAULT_DRAFT, dtype="bf16")
         results = compare_schedules(pair, prompts, args.tokens, args.cost_ratio, log=log, store=store_for("bf16"))
@@ -96,6 +119,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     path.write_text(json.dumps(report, indent=1))
     log(f"report written to {path}")
     return status
+
+
+def _accuracy(args, modes: list[str], log) -> dict:
+    """The accuracy section: fp32 greedy continuations of the prompts, then each mode's
+    teacher-forced agreement with them (one model in memory at a time)."""
+    import pandas as pd
+
+    from specviz.checks.accuracy import accuracy_bar, agreement_by_category, agreement_table, reference_texts
+    from specviz.study.prompts import load_prompts
+
+    prompts = load_prompts(limit=args.prompts)
+    log(f"accuracy: fp32 references for {len(prompts)} prompts x {args.tokens} tokens")
+    texts = reference_texts(load_model(DEFAULT_TARGET, "fp32"), prompts, max_new_tokens=args.tokens)
+    tables = []
+    for mode in modes:
+        log(f"accuracy: {mode}, continuation fed {args.chunk} tokens per forward")
+        tables.append(agreement_table(load_model(DEFAULT_TARGET, mode), texts, chunk=args.chunk))
+    summary = agreement_by_category(pd.concat(tables, ignore_index=True))
+    bar = accuracy_bar(summary)
+    with pd.option_context("display.width", 160, "display.max_columns", 20):
+        log(summary.pivot(index="category", columns="weight_mode", values="continuation_agreement")
+            .round(3).to_string())
+        log(bar.round(3).to_string(index=False))
+    return {"chunk": args.chunk, "by_category": summary.to_dict("records"), "bar": bar.to_dict("records")}
 
 
 if __name__ == "__main__":

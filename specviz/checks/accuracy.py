@@ -33,7 +33,11 @@ __all__ = [
     "reference_texts",
     "agreement_table",
     "agreement_by_category",
+    "accuracy_bar",
+    "LOSSY_MARGIN",
 ]
+
+LOSSY_MARGIN = 0.02  # a mode more than this below bf16's pooled agreement is lossy
 
 
 @dataclass(frozen=True)
@@ -55,13 +59,30 @@ class ReferenceText:
 
 
 @torch.no_grad()
-def greedy_choices(model: LoadedModel, token_ids: Sequence[int]) -> torch.Tensor:
-    """The argmax next token at every position of ``token_ids``, from one forward: (L,)."""
+def greedy_choices(model: LoadedModel, token_ids: Sequence[int], prompt_len: int | None = None,
+                   chunk: int | None = None) -> torch.Tensor:
+    """The argmax next token at every position of ``token_ids``: (L,).
+
+    With ``chunk`` None, from one forward. Otherwise the first ``prompt_len`` tokens go in
+    one forward (the prefill) and the rest through the KV cache ``chunk`` tokens at a time,
+    as decoding (1) or verification (a few) feeds them: the way to measure a mode whose
+    product depends on how many tokens a forward holds (``w8a8``).
+    """
     ids = torch.tensor([list(token_ids)])  # (1, L)
-    if ids.shape[1] < 1:
+    length = ids.shape[1]
+    if length < 1:
         raise ValueError("token_ids is empty")
-    logits = forward_tokens(model.model, new_cache(model.model), ids, torch.arange(ids.shape[1])[None], None)
-    return logits[0].argmax(-1)  # (L,)
+    if chunk is None:
+        logits = forward_tokens(model.model, new_cache(model.model), ids, torch.arange(length)[None], None)
+        return logits[0].argmax(-1)  # (L,)
+    check_int("chunk", chunk)
+    if prompt_len is None or not 1 <= prompt_len <= length:
+        raise ValueError(f"prompt_len must be in 1..{length} when chunk is given, got {prompt_len}")
+    cache = new_cache(model.model)
+    bounds = [0, prompt_len, *range(prompt_len + chunk, length, chunk), length]
+    choices = [forward_tokens(model.model, cache, ids[:, a:b], torch.arange(a, b)[None], None)[0].argmax(-1)
+               for a, b in zip(bounds, bounds[1:]) if b > a]
+    return torch.cat(choices)  # (L,)
 
 
 def teacher_forced_agreement(reference_model: LoadedModel, model: LoadedModel, token_ids: Sequence[int]) -> float:
@@ -84,8 +105,11 @@ def reference_texts(reference: LoadedModel, prompts: Sequence[Prompt], max_new_t
     return texts
 
 
-def agreement_table(model: LoadedModel, texts: Sequence[ReferenceText]) -> pd.DataFrame:
+def agreement_table(model: LoadedModel, texts: Sequence[ReferenceText], chunk: int | None = None) -> pd.DataFrame:
     """One row per text: ``model``'s teacher-forced top-1 agreement with the reference.
+
+    ``chunk`` as in :func:`greedy_choices` (None: one forward per text; a number: the
+    prompt in one forward, the continuation ``chunk`` tokens per forward).
 
     Returns:
         Columns ``model, weight_mode, question_id, category, positions, matches, agreement``
@@ -95,9 +119,11 @@ def agreement_table(model: LoadedModel, texts: Sequence[ReferenceText]) -> pd.Da
     """
     rows = []
     for text in texts:
-        same = greedy_choices(model, text.token_ids) == torch.tensor(text.reference_choices)  # (L,)
+        same = greedy_choices(model, text.token_ids, text.prompt_len, chunk) == torch.tensor(
+            text.reference_choices)  # (L,)
         tail = same[text.prompt_len - 1:]
-        rows.append({"model": model.name, "weight_mode": model.weight_mode, "question_id": text.question_id,
+        rows.append({"model": model.name, "weight_mode": model.weight_mode, "chunk": chunk or 0,
+                     "question_id": text.question_id,
                      "category": text.category, "positions": len(same), "matches": int(same.sum()),
                      "agreement": float(same.float().mean()), "continuation_positions": len(tail),
                      "continuation_matches": int(tail.sum()), "continuation_agreement": float(tail.float().mean())})
@@ -122,3 +148,31 @@ def agreement_by_category(table: pd.DataFrame) -> pd.DataFrame:
     out["continuation_agreement"] = out["continuation_matches"] / out["continuation_positions"]
     return out[["weight_mode", "category", "prompts", "positions", "agreement", "continuation_agreement"]].reset_index(
         drop=True)
+
+
+def accuracy_bar(summary: pd.DataFrame, margin: float = LOSSY_MARGIN,
+                 column: str = "continuation_agreement") -> pd.DataFrame:
+    """Each weight mode's pooled agreement against the bar: bf16's pooled agreement minus
+    ``margin``. A mode below it is ``lossy`` (``auto`` never picks it); fp32 is the
+    reference and never lossy. Without a bf16 row the bar is 1 - ``margin``.
+
+    Args:
+        summary: :func:`agreement_by_category` output (its ``all`` rows are used).
+        column: ``continuation_agreement`` (default: the predictions decoding makes, fed
+            as the table was measured) or ``agreement`` (prompt positions too).
+
+    Returns:
+        Columns ``weight_mode, agreement, worst_category, worst_agreement, bar, lossy``.
+    """
+    overall = summary[summary.category == "all"].set_index("weight_mode")
+    bf16 = overall[column].get("bf16")
+    bar = (1.0 if bf16 is None else float(bf16)) - margin
+    rows = []
+    for mode, row in overall.iterrows():
+        cats = summary[(summary.weight_mode == mode) & (summary.category != "all")]
+        worst = cats.loc[cats[column].idxmin()] if len(cats) else None
+        rows.append({"weight_mode": mode, "agreement": float(row[column]),
+                     "worst_category": None if worst is None else worst["category"],
+                     "worst_agreement": None if worst is None else float(worst[column]),
+                     "bar": bar, "lossy": bool(mode != "fp32" and row[column] < bar)})
+    return pd.DataFrame(rows)

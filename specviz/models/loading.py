@@ -128,6 +128,42 @@ def parse_dtype(dtype: torch.dtype | str) -> torch.dtype:
     raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(_DTYPES)} or a torch dtype")
 
 
+_CALIBRATION_MODULES = ("textwrap", "json", "argparse", "string")
+
+
+def calibration_ids(tokenizer, max_tokens: int = 1024) -> torch.Tensor:
+    """Token ids of the fixed calibration text of calibrated weight modes, (1, L), L <= max_tokens.
+
+    The text is four chat turns asking to explain the start of a Python standard-library
+    module's source (textwrap, json, argparse, string): code and English prose in the
+    chat format every prompt of the study uses, and on every machine without a download.
+    """
+    import importlib
+    import inspect
+
+    chunks = []
+    for module in _CALIBRATION_MODULES:
+        source = inspect.getsource(importlib.import_module(module))[:1200]
+        messages = [{"role": "user", "content": f"Explain what this Python module does:\n\n{source}"}]
+        if getattr(tokenizer, "chat_template", None):
+            chunks.append(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+        else:
+            chunks.append(messages[0]["content"])
+    ids = tokenizer("".join(chunks), return_tensors="pt").input_ids[:, :max_tokens]  # (1, L)
+    return ids
+
+
+def _convert(model, mode: WeightMode, tokenizer):
+    """``model`` in ``mode``: cast, or converted by :func:`quantize_model` (calibrated on
+    :func:`calibration_ids` where the mode needs it)."""
+    if mode.convert is None:
+        return model.to(mode.activation_dtype)
+    ids = calibration_ids(tokenizer) if mode.calibrated else None
+    if ids is not None:
+        ids = ids.clamp(max=int(model.config.vocab_size) - 1)
+    return quantize_model(model, mode, ids)
+
+
 def _dtype_tag(dtype: torch.dtype) -> str:
     return {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float16: "fp16"}[dtype]
 
@@ -386,8 +422,7 @@ def load_model(name_or_path: "str | os.PathLike | LoadedModel", dtype: WeightMod
         if WEIGHT_MODES[src.weight_mode].convert is not None:
             raise ValueError(f"model {src.name!r} is in weight mode {src.weight_mode}, which cannot be "
                              f"converted to {mode.name}; load it again from its name")
-        model = copy.deepcopy(src.model)
-        model = model.to(dtype) if mode.convert is None else quantize_model(model, mode)
+        model = _convert(copy.deepcopy(src.model), mode, src.tokenizer)
         return LoadedModel(src.name, model, src.tokenizer, dtype, mode.name)
     if not isinstance(name_or_path, (str, os.PathLike)) or not str(name_or_path).strip():
         raise ValueError(f"model must be a built-in name, a directory or a Hub id, got {name_or_path!r}")
@@ -415,7 +450,7 @@ def load_model(name_or_path: "str | os.PathLike | LoadedModel", dtype: WeightMod
             f"not a local directory, and not loadable as a Hub id ({exc})"
         ) from exc
     if mode.convert is not None:
-        quantize_model(model, mode)
+        _convert(model, mode, tokenizer)
     model.eval()
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, dtype=dtype, weight_mode=mode.name)
 
@@ -531,7 +566,7 @@ def tiny_model(seed: int = 0, n_layers: int = 2, hidden: int = 64, n_heads: int 
                 elif param.dim() == 2:
                     param.normal_(0.0, 0.05)
     mode = parse_weight_mode(dtype)
-    model = (model.to(mode.activation_dtype) if mode.convert is None else quantize_model(model, mode)).eval()
+    model = _convert(model, mode, tok).eval()
     return LoadedModel(name=f"tiny-qwen2-seed{seed}", model=model, tokenizer=tok, dtype=mode.activation_dtype,
                        weight_mode=mode.name)
 

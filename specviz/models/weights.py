@@ -12,7 +12,11 @@ once per forward and make small forwards much cheaper. Each mode has one name:
 * ``int8`` - weight-only int8, one symmetric scale per output channel, bf16 activations
   (:class:`Int8Linear`, ``torch._weight_int8pack_mm``);
 * ``int4`` - weight-only 4-bit, one scale and zero per group of 64 inputs of an output
-  channel, bf16 activations (:class:`Int4Linear`, ``torch._weight_int4pack_mm_for_cpu``).
+  channel, bf16 activations (:class:`Int4Linear`, ``torch._weight_int4pack_mm_for_cpu``);
+* ``w8a8`` - int8 weights (one scale per output channel) times int8 activations (one
+  dynamic scale per forward), after SmoothQuant smoothing calibrated on a fixed text
+  (:class:`W8A8Linear`, fbgemm's ``quantized.linear_dynamic``; x86 CPUs). A few tokens cost
+  about what one token costs, and one token less than weight-only int8.
 
 :func:`quantize_model` replaces every ``nn.Linear`` of a transformers model (attention and
 MLP projections and the LM head) in place. A tied LM head gets its own converted copy; the
@@ -24,6 +28,7 @@ G = K / group_size groups per output channel, Np = N rounded up to a multiple of
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -39,6 +44,8 @@ __all__ = [
     "WxLinear",
     "Int8Linear",
     "Int4Linear",
+    "W8A8Linear",
+    "input_absmax",
     "parse_weight_mode",
     "quantize_model",
     "weight_mode_of",
@@ -47,6 +54,9 @@ __all__ = [
 INT4_GROUP_SIZES = (32, 64, 128, 256)  # the group sizes torch's CPU int4 kernel accepts
 _INT4_N_MULTIPLE = 16  # the CPU int4 packing wants out_features divisible by 16
 _PACKED_DTYPE = torch.bfloat16  # activations, scales, zeros and bias of the integer layers
+# w8a8 weights use 7 bits: fbgemm's AVX2 kernel adds pairs of uint8 x int8 products in int16,
+# which 2 x 255 x 63 never overflows (2 x 255 x 127 does).
+_W8A8_WEIGHT_LEVELS = 63.0
 
 
 def _flat(x: torch.Tensor, in_features: int) -> torch.Tensor:
@@ -196,6 +206,126 @@ class Int4Linear(nn.Module):
                 f"group_size={self.group_size}, bias={self.bias is not None}")
 
 
+def _fbgemm_available() -> bool:
+    return "fbgemm" in torch.backends.quantized.supported_engines
+
+
+class W8A8Linear(nn.Module):
+    """int8 weights x int8 activations: ``y = Q(x / s) @ (q * w_scale * s).T + b``.
+
+    SmoothQuant (Xiao et al., 2023): a few input channels of a transformer's linear layers
+    carry activations far larger than the rest, which one activation scale per forward
+    cannot resolve. Dividing channel ``j`` of the input by
+    ``s[j] = max|x_j| ** alpha / max|W[:, j]| ** (1 - alpha)`` and multiplying the weight's
+    column ``j`` by it moves that range into the weights, which are quantized per output
+    channel. ``max|x_j|`` comes from a calibration forward (:func:`input_absmax`).
+
+    Forwards of at most ``dynamic_rows`` rows (decoding and verification) quantize the
+    smoothed input to 8 bits with one scale over the forward and multiply in int8 (fbgemm's
+    ``quantized.linear_dynamic``). The weights use 7 bits ([-63, 63]): fbgemm's AVX2 kernel
+    adds pairs of uint8 x int8 products in int16, which full 8-bit weights and activations
+    overflow (measured: 10-25% error on random layers; 7-bit activations instead avoid it
+    too but cost more greedy agreement on the 1.5B than 7-bit weights, 0.952 vs 0.968). Longer forwards (a prompt's prefill),
+    where a single activation scale would cover too wide a range, multiply the same int8
+    weights by bf16 activations (``torch._weight_int8pack_mm``), as :class:`Int8Linear` does.
+
+    ``qweight`` (N, K) int8 in [-63, 63], ``scales`` (N,) bf16 (one per output channel,
+    covering the smoothed weight's range), ``inv_smooth`` (K,) float32 = ``1 / s``.
+
+    Raises:
+        ValueError: PyTorch here has no fbgemm quantized engine (it is x86-only), or
+            ``input_absmax`` does not have ``in_features`` entries.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, input_absmax: torch.Tensor | None = None,
+                 alpha: float = 0.5, dynamic_rows: int = 32) -> None:
+        super().__init__()
+        if not _fbgemm_available():
+            raise ValueError("weight mode w8a8 needs PyTorch's fbgemm quantized engine (x86 CPUs); this build has "
+                             f"{torch.backends.quantized.supported_engines}; use int8 instead")
+        w = weight.detach().float()  # (N, K)
+        self.out_features, self.in_features = w.shape
+        if input_absmax is None:
+            smooth = torch.ones(self.in_features)
+        else:
+            if input_absmax.shape != (self.in_features,):
+                raise ValueError(f"input_absmax must have shape ({self.in_features},), got {tuple(input_absmax.shape)}")
+            a = input_absmax.detach().float().clamp(min=1e-5)
+            smooth = (a ** alpha / w.abs().amax(dim=0).clamp(min=1e-5) ** (1.0 - alpha)).clamp(1e-3, 1e3)  # (K,)
+        w = w * smooth[None, :]
+        levels = _W8A8_WEIGHT_LEVELS
+        scales = _bf16_at_least(w.abs().amax(dim=1).clamp(min=1e-12) / levels)  # (N,)
+        q = torch.round(w / scales.float()[:, None]).clamp(-levels, levels).to(torch.int8)  # (N, K)
+        self.register_buffer("qweight", q)
+        self.register_buffer("scales", scales)
+        self.register_buffer("inv_smooth", (1.0 / smooth).contiguous())
+        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+        self.alpha, self.dynamic_rows = alpha, dynamic_rows
+        self._packed = self._pack()
+
+    def _pack(self):
+        n = self.out_features
+        with warnings.catch_warnings():  # quantized tensors are deprecated as a user API, not fbgemm's kernels
+            warnings.simplefilter("ignore", UserWarning)
+            qw = torch._make_per_channel_quantized_tensor(self.qweight, self.scales.double(),
+                                                          torch.zeros(n, dtype=torch.long), 0)
+            return torch.ops.quantized.linear_prepack(qw, None)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, input_absmax: torch.Tensor | None = None) -> "W8A8Linear":
+        return cls(linear.weight, linear.bias, input_absmax)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """The smoothed weight divided back by the smoothing, (N, K) float32: what the
+        layer multiplies an unsmoothed input by, up to activation rounding."""
+        return self.qweight.float() * self.scales.float()[:, None] * self.inv_smooth[None, :]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = _flat(x, self.in_features).float() * self.inv_smooth  # (M, K)
+        if x2.shape[0] <= self.dynamic_rows:
+            y = torch.ops.quantized.linear_dynamic(x2.contiguous(), self._packed, False)  # (M, N)
+        else:
+            y = torch._weight_int8pack_mm(x2.to(_PACKED_DTYPE).contiguous(), self.qweight, self.scales).float()
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)  # (..., N)
+
+    def __deepcopy__(self, memo):
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        nn.Module.__init__(new)
+        for name, buf in self._buffers.items():
+            new.register_buffer(name, None if buf is None else buf.clone())
+        new.out_features, new.in_features = self.out_features, self.in_features
+        new.alpha, new.dynamic_rows = self.alpha, self.dynamic_rows
+        new._packed = new._pack()
+        return new
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, alpha={self.alpha}, "
+                f"dynamic_rows={self.dynamic_rows}, bias={self.bias is not None}")
+
+
+@torch.no_grad()
+def input_absmax(model: nn.Module, token_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per input channel, the largest ``|x|`` each ``nn.Linear`` of ``model`` sees while
+    ``model`` reads ``token_ids`` ((B, L) ids; one plain forward): ``{layer name: (K,)}``."""
+    seen: dict[str, torch.Tensor] = {}
+    hooks = []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear):
+            def hook(mod, inputs, output, name=name):
+                a = inputs[0].detach().reshape(-1, inputs[0].shape[-1]).abs().amax(dim=0).float()  # (K,)
+                seen[name] = torch.maximum(seen[name], a) if name in seen else a
+            hooks.append(module.register_forward_hook(hook))
+    try:
+        model(input_ids=token_ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    return seen
+
+
 @dataclass(frozen=True)
 class WeightMode:
     """One way to store and multiply a model's linear weights.
@@ -208,13 +338,16 @@ class WeightMode:
             (embeddings, norms) and of its logits; ``model.dtype`` after conversion.
         convert: builds the replacement of one ``nn.Linear``; None keeps ``nn.Linear``
             and only casts it.
+        calibrated: ``convert`` also takes the layer's :func:`input_absmax` entry, so the
+            conversion needs calibration tokens.
     """
 
     name: str
     description: str
     lossless: bool
     activation_dtype: torch.dtype
-    convert: Callable[[nn.Linear], nn.Module] | None = None
+    convert: Callable[..., nn.Module] | None = None
+    calibrated: bool = False
 
 
 WEIGHT_MODES: dict[str, WeightMode] = {
@@ -229,12 +362,14 @@ WEIGHT_MODES: dict[str, WeightMode] = {
                    _PACKED_DTYPE, Int8Linear.from_linear),
         WeightMode("int4", "4-bit weights, scale and zero per 64 inputs; bf16 activations", False,
                    _PACKED_DTYPE, Int4Linear.from_linear),
+        WeightMode("w8a8", "int8 weights x int8 activations (SmoothQuant, one scale per forward); fp32 "
+                   "activations between layers", False, torch.float32, W8A8Linear.from_linear, calibrated=True),
     )
 }
 
 _TORCH_DTYPE_MODES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 _LONG_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
-_CONVERTED = (WxLinear, Int8Linear, Int4Linear)
+_CONVERTED = (WxLinear, Int8Linear, Int4Linear, W8A8Linear)
 
 
 def parse_weight_mode(mode: WeightMode | torch.dtype | str) -> WeightMode:
@@ -265,27 +400,37 @@ def weight_mode_of(model: nn.Module) -> str:
             return "int4"
         if isinstance(module, WxLinear):
             return "fp32-wx"
+        if isinstance(module, W8A8Linear):
+            return "w8a8"
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     return _TORCH_DTYPE_MODES[dtype]
 
 
-def quantize_model(model: nn.Module, mode: WeightMode | torch.dtype | str) -> nn.Module:
+def quantize_model(model: nn.Module, mode: WeightMode | torch.dtype | str,
+                   calibration_ids: torch.Tensor | None = None) -> nn.Module:
     """Put ``model`` in weight mode ``mode``, in place, and return it.
 
     Every ``nn.Linear`` is replaced by the mode's layer (quantized from the weights as they
     are, before any cast), then the remaining parameters are cast to the mode's activation
     dtype (buffers are left as they are). A tied LM head is converted as its own copy; the
-    embedding table is kept.
+    embedding table is kept. A calibrated mode (``w8a8``) first runs ``model`` once on
+    ``calibration_ids`` ((1, L) token ids) to measure each layer's input range.
 
     Raises:
         ValueError: unknown mode; a model already converted to a non-plain mode (load it
-            again instead); a layer the mode cannot pack (the message names the layer).
+            again instead); a layer the mode cannot pack (the message names the layer); a
+            calibrated mode without ``calibration_ids``.
     """
     wm = parse_weight_mode(mode)
     done = next((type(m).__name__ for m in model.modules() if isinstance(m, _CONVERTED)), None)
     if done is not None:
         raise ValueError(f"model already holds {done} layers ({weight_mode_of(model)}); "
                          f"load it again to convert it to {wm.name}")
+    absmax: dict[str, torch.Tensor] = {}
+    if wm.calibrated:
+        if calibration_ids is None:
+            raise ValueError(f"weight mode {wm.name} is calibrated: pass calibration_ids (token ids of a text)")
+        absmax = input_absmax(model, calibration_ids)
     if wm.convert is not None:
         # Build every replacement before swapping any, so a layer that cannot be packed
         # leaves the model untouched.
@@ -293,7 +438,7 @@ def quantize_model(model: nn.Module, mode: WeightMode | torch.dtype | str) -> nn
         for name, module in model.named_modules():
             if isinstance(module, nn.Linear):
                 try:
-                    replacements[name] = wm.convert(module)
+                    replacements[name] = wm.convert(module, absmax[name]) if wm.calibrated else wm.convert(module)
                 except ValueError as exc:
                     raise ValueError(f"cannot convert layer {name!r} to {wm.name}: {exc}") from exc
         for name, new in replacements.items():

@@ -394,35 +394,37 @@ class Explorer:
         return self.widget._repr_mimebundle_(**kwargs)
 
 
-def _load(model: str | ModelPair) -> ModelPair:
+def _load(model: str | ModelPair, dtype: str | None) -> ModelPair:
     if isinstance(model, ModelPair):
         return model
     if model == "tiny":
-        return tiny_pair(seed=0)
+        return tiny_pair(seed=0, dtype=dtype or "fp32")
     if model == "builtin":
-        return load_pair()
+        return load_pair(dtype=dtype or "bf16")
     raise ValueError(f"model must be one of {MODELS} or a ModelPair, got {model!r}")
 
 
 def explore(model: str | ModelPair = "tiny", prompt: str = "def fibonacci(n):", *, strategy: str = "dynamic",
             width: int = 2, depth: int = 4, budget: int = 16, temperature: float = 0.0,
-            max_new_tokens: int = 24, seed: int = 0, background: bool = True) -> Explorer:
+            max_new_tokens: int = 24, seed: int = 0, dtype: str | None = None, background: bool = True) -> Explorer:
     """Open the explorer (display the returned object, e.g. as a cell's last expression).
 
     Args:
         model: "tiny" (random tiny pair, instant), "builtin" (Qwen2.5-Coder 1.5B target with
-            the 0.5B draft, bf16) or a loaded :class:`~specviz.models.ModelPair`.
+            the 0.5B draft) or a loaded :class:`~specviz.models.ModelPair`.
         prompt: initial prompt.
         strategy, width, depth, budget, temperature: initial control values
             (see :class:`ExplorerSettings`).
         max_new_tokens: tokens generated per setting.
         seed: random seed of drafting and verification.
+        dtype: weight mode of a model given by name (``fp32``, ``bf16``, ``int8``, ``w8a8``,
+            ...); None: bf16 for the builtin pair, fp32 for the tiny one.
         background: compute changes in a background thread.
 
     Raises:
-        ValueError: an unknown model or an out-of-range setting.
+        ValueError: an unknown model or weight mode, or an out-of-range setting.
     """
     settings = ExplorerSettings(prompt=prompt, strategy=strategy, width=width, depth=depth, budget=budget,
                                 temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
-    return Explorer(_load(model), settings, background=background)
+    return Explorer(_load(model, dtype), settings, background=background)
 

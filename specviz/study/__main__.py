@@ -31,6 +31,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="run the notebooks' units on a local Dask cluster of N worker processes")
     where.add_argument("--scheduler", metavar="ADDRESS",
                        help="run them on an existing Dask cluster (e.g. tcp://10.0.0.5:8786)")
+    p.add_argument("--dtype", metavar="MODE", help="weight mode of the real models in every notebook that has "
+                   "a dtype parameter: fp32, bf16, fp16, fp32-wx, int8, int4 or w8a8 (default: each notebook's)")
     p.add_argument("--no-progress", action="store_true", help="no per-cell progress bar")
     p.add_argument("--list", action="store_true", help="list the presets and notebooks, then exit")
     p.add_argument("--refresh-committed", action="store_true",
@@ -63,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             run_study(args.preset, out_dir=args.out, prompts=args.prompts, limit=args.limit, only=only,
                       force=args.force, progress=not args.no_progress, workers=args.workers,
-                      scheduler=args.scheduler)
+                      scheduler=args.scheduler, dtype=args.dtype)
     except StudyConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

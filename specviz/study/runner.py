@@ -133,9 +133,11 @@ def _check_limit(limit: int | None) -> int | None:
 
 
 def notebook_parameters(run: NotebookRun, declared: Mapping[str, Any], out_dir: Path, *,
-                        prompts: Path | None = None, limit: int | None = None) -> dict[str, Any]:
+                        prompts: Path | None = None, limit: int | None = None,
+                        dtype: str | None = None) -> dict[str, Any]:
     """The papermill parameters for ``run``: the preset's, plus ``out_dir`` and (for
-    notebooks that declare them) ``prompts_path`` and ``prompt_limit``.
+    notebooks that declare them) ``prompts_path``, ``prompt_limit`` and ``dtype`` (the
+    weight mode of the real models).
 
     Raises:
         StudyConfigError: if the preset sets a parameter the notebook does not declare.
@@ -152,6 +154,8 @@ def notebook_parameters(run: NotebookRun, declared: Mapping[str, Any], out_dir: 
         params["prompts_path"] = str(prompts)
     if limit is not None and "prompt_limit" in declared:
         params["prompt_limit"] = limit
+    if dtype is not None and "dtype" in declared:
+        params["dtype"] = dtype
     return params
 
 
@@ -253,7 +257,7 @@ def _read_marker(path: Path) -> dict[str, Any] | None:
 def run_study(preset: str | Preset = "quick", *, out_dir: str | Path | None = None,
               prompts: str | Path | None = None, limit: int | None = None,
               only: Sequence[str] | None = None, force: bool = False, progress: bool = True,
-              workers: int | None = None, scheduler: str | None = None,
+              workers: int | None = None, scheduler: str | None = None, dtype: str | None = None,
               log: Callable[[str], None] | None = None) -> StudyResult:
     """Run a preset's notebooks in order, skipping those already finished.
 
@@ -269,6 +273,8 @@ def run_study(preset: str | Preset = "quick", *, out_dir: str | Path | None = No
             processes (:class:`~specviz.study.cluster.StudyCluster`).
         scheduler: run them on the existing Dask cluster at this address instead.
             Without either, every unit runs in its notebook's process.
+        dtype: weight mode of the real models (``fp32``, ``bf16``, ``int8``, ``w8a8``, ...)
+            for every notebook that has a ``dtype`` parameter; default: each notebook's own.
         log: where progress lines go.
 
     Raises:
@@ -281,6 +287,13 @@ def run_study(preset: str | Preset = "quick", *, out_dir: str | Path | None = No
         raise StudyConfigError("give --workers (start a local cluster) or --scheduler (use one), not both")
     if workers is not None:
         check_int("workers", workers, error=StudyConfigError)
+    if dtype is not None:
+        from specviz.models.weights import parse_weight_mode
+
+        try:
+            dtype = parse_weight_mode(dtype).name
+        except ValueError as exc:
+            raise StudyConfigError(f"dtype: {exc}") from None
     spec = get_preset(preset)
     runs = _select(spec.runs, only)
     prompts_path = _check_prompts(prompts)
@@ -291,7 +304,8 @@ def run_study(preset: str | Preset = "quick", *, out_dir: str | Path | None = No
         src = NOTEBOOKS_DIR / run.notebook
         if not src.is_file():
             raise StudyConfigError(f"notebook {src} does not exist")
-        params = notebook_parameters(run, declared_parameters(src), out, prompts=prompts_path, limit=limit)
+        params = notebook_parameters(run, declared_parameters(src), out, prompts=prompts_path, limit=limit,
+                                     dtype=dtype)
         plans.append(_Plan(run, src, params, _fingerprint(src, params, prompts_path)))
     _check_kernel()
     if (prompts_path is not None or limit is not None) and not any(
