@@ -5,6 +5,8 @@ specviz.checks.accuracy."""
 
 from __future__ import annotations
 
+import copy
+
 import pandas as pd
 import pytest
 import torch
@@ -135,6 +137,8 @@ def test_w8a8_smoothing_moves_an_outlier_channel_into_the_weights():
     # The smoothed weight divided back is the layer's weight, up to int8 steps.
     assert (smoothed.dequantized_weight() - linear.weight).abs().max() <= (
         smoothed.scales.float()[:, None] * smoothed.inv_smooth[None, :]).max()
+    twin = copy.deepcopy(smoothed)  # the fbgemm-packed weight is rebuilt, not shared
+    assert torch.equal(twin(x), smoothed(x)) and twin._packed is not smoothed._packed
     with pytest.raises(ValueError, match=r"input_absmax must have shape \(256,\)"):
         W8A8Linear.from_linear(linear, torch.ones(3))
 
