@@ -108,7 +108,7 @@ def test_accuracy_section_labels_modes_against_the_bar(tiny_pair, tmp_path, monk
     import specviz.checks.__main__ as cli
     from specviz.models.loading import load_model
 
-    monkeypatch.setattr(cli, "load_model", lambda name, mode: load_model(tiny_pair.target, mode))
+    monkeypatch.setattr(cli, "load_model", lambda name, mode, device=None: load_model(tiny_pair.target, mode, device=device))
     monkeypatch.setattr(cli, "OUTPUTS_DIR", tmp_path, raising=False)
     out = tmp_path / "acc.json"
     assert main(["--sections", "accuracy", "--prompts", "2", "--tokens", "6", "--accuracy-modes", "bf16,int4",

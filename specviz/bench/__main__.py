@@ -36,6 +36,7 @@ import torch
 from specviz.bench.e2e import (
     COLUMNS,
     DEFAULT_METHODS,
+    LLAMA_METHODS,
     METHOD_GRAMMAR,
     BenchSummary,
     Generation,
@@ -44,8 +45,10 @@ from specviz.bench.e2e import (
     run_method,
     summarize,
 )
+from specviz.bench.llama import LLAMA_BINARIES, find_llama_cpp
 from specviz.draft.registry import MethodSpec, build_drafter
 from specviz.locations import output_path
+from specviz.models.device import resolve_device
 
 __all__ = ["main"]
 
@@ -74,8 +77,12 @@ def _e2e_parser() -> argparse.ArgumentParser:
                    help="first N prompts, taken round-robin over categories (default: all)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="token budget per generation (default 128)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
-    p.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), metavar="METHOD",
-                   help=f"methods to run (default: {' '.join(DEFAULT_METHODS)}); 'plain' is always added")
+    p.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
+                   help=f"methods to run (default: {' '.join(DEFAULT_METHODS)}, plus llama-plain and llama-spec "
+                        "when llama.cpp is found); 'plain' is always added")
+    p.add_argument("--llama-cpp", default=None, metavar="DIR",
+                   help="directory of llama.cpp's llama-bench and llama-speculative-simple (or its bin/ or "
+                        "build/bin/; default: found on PATH, else the llama-* methods are not available)")
     p.add_argument("--list-methods", action="store_true", help="print the method grammar and exit")
     p.add_argument("--verifier", default=None,
                    help="verification rule of specviz strategies at a temperature (default: chain for "
@@ -92,6 +99,9 @@ def _e2e_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft", default=None, help="draft model (default: the built-in 0.5B)")
     p.add_argument("--dtype", default="bf16",
                    help="weight mode of both models: fp32, bf16 (default), fp16, fp32-wx, int8, int4 or w8a8")
+    p.add_argument("--device", default="auto",
+                   help="where the models run: auto (default: CUDA, then MPS, then the CPU, among those "
+                        "that run --dtype), cpu, cuda[:N] or mps")
     p.add_argument("--warmup-tokens", type=int, default=16, help="tokens of each method's warm-up run (default 16)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads (default: torch's own choice, left unchanged; recorded either way)")
@@ -121,11 +131,25 @@ def _check_args(args: argparse.Namespace) -> list[MethodSpec]:
 
         if args.verifier not in VERIFIERS:
             raise _UsageError(f"unknown --verifier {args.verifier!r}; valid: {', '.join(VERIFIERS)}")
+    try:
+        args.llama_cpp_dir = find_llama_cpp(args.llama_cpp)
+    except FileNotFoundError as exc:
+        raise _UsageError(f"--llama-cpp: {exc}") from None
+    if args.methods is None:
+        args.methods = list(DEFAULT_METHODS) + (["llama-plain", "llama-spec"] if args.llama_cpp_dir else [])
     names = list(dict.fromkeys(["plain", *args.methods]))
     try:
-        return [parse_method(n) for n in names]
+        specs = [parse_method(n) for n in names]
     except ValueError as exc:
         raise _UsageError(f"{exc}\nmethod grammar:\n{_grammar_text()}") from None
+    llama = [s.name for s in specs if s.family in LLAMA_METHODS]
+    if llama and args.llama_cpp_dir is None:
+        raise _UsageError(f"methods {llama} need llama.cpp's {' and '.join(LLAMA_BINARIES)}: none on PATH; "
+                          "pass --llama-cpp DIR (specviz never downloads them; see python -m specviz.bench "
+                          "--list-methods and the specviz.bench.llama docstring for the build commands)")
+    if llama and args.models == "tiny":
+        raise _UsageError(f"methods {llama} run the built-in pair's GGUF files, not --models tiny")
+    return specs
 
 
 def _load_models(args: argparse.Namespace):
@@ -133,8 +157,8 @@ def _load_models(args: argparse.Namespace):
 
     dtype = args.dtype
     if args.models == "tiny":
-        return tiny_pair(dtype=dtype)
-    return load_pair(args.target or DEFAULT_TARGET, args.draft or DEFAULT_DRAFT, dtype=dtype)
+        return tiny_pair(dtype=dtype, device=args.device)
+    return load_pair(args.target or DEFAULT_TARGET, args.draft or DEFAULT_DRAFT, dtype=dtype, device=args.device)
 
 
 def _existing_rows(out: Path, fresh: bool) -> pd.DataFrame:
@@ -184,17 +208,19 @@ def _ids_text(ids: Sequence[int]) -> str:
 
 def _row(spec: MethodSpec, gen: Generation, prompt, repeat: int, position: int, n_prompt: int, plain_tps: float,
          plain_ids: tuple[int, ...] | None, run: dict, load1: float) -> dict:
-    n = len(gen.output_ids)
+    n = gen.n_tokens
     tps = n / gen.wall_s
     greedy = run["temperature"] == 0.0
+    # a method that reports a token count without the tokens has no output to compare
+    compare = greedy and plain_ids is not None and (gen.new_tokens is None or bool(gen.output_ids))
     return {
         "method": spec.name, "question_id": prompt.question_id, "category": prompt.category, "repeat": repeat,
         "position": position, "prompt_tokens": n_prompt, "new_tokens": n, "wall_s": gen.wall_s,
         "tokens_per_s": tps, "speedup": tps / plain_tps, "target_calls": gen.target_calls, "steps": gen.steps,
         "tau": n / gen.steps if gen.steps else math.nan, "drafted": gen.drafted, "accepted": gen.accepted,
         "acceptance_rate": gen.accepted / gen.drafted if gen.drafted else math.nan,
-        "matches_plain": (gen.output_ids == plain_ids) if greedy and plain_ids is not None else None,
-        "prefix_match": _prefix_match(gen.output_ids, plain_ids) if greedy and plain_ids is not None else None,
+        "matches_plain": (gen.output_ids == plain_ids) if compare else None,
+        "prefix_match": _prefix_match(gen.output_ids, plain_ids) if compare else None,
         "stop": gen.stop, "draft_s": gen.draft_s, "verify_s": gen.verify_s, "drafter": gen.drafter,
         "verifier": gen.verifier, **run,
         "load1": load1, "output_ids": _ids_text(gen.output_ids),
@@ -240,14 +266,19 @@ def _e2e(argv: list[str]) -> int:
     else:
         names = (args.target or DEFAULT_TARGET, args.draft or DEFAULT_DRAFT)
     try:
-        dtype = parse_weight_mode(args.dtype).name
+        mode = parse_weight_mode(args.dtype)
     except ValueError as exc:
         raise _UsageError(f"--dtype: {exc}") from None
-    args.dtype = dtype
+    try:
+        device = resolve_device(args.device, mode)
+    except ValueError as exc:
+        raise _UsageError(f"--device: {exc}") from None
+    dtype = args.dtype = mode.name
+    args.device = str(device)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     run = {"temperature": args.temperature, "max_new_tokens": args.max_new_tokens, "seed": args.seed,
-           "dtype": dtype, "target": names[0], "draft": names[1], "threads": torch.get_num_threads()}
+           "dtype": dtype, "device": str(device), "target": names[0], "draft": names[1], "threads": torch.get_num_threads()}
     verifiers = {s.name: s.verifier(args.temperature, args.verifier) for s in specs}
     _check_resumable(existing, run, out, verifiers)
 
@@ -261,7 +292,7 @@ def _e2e(argv: list[str]) -> int:
     method_names = [s.name for s in specs]
     threads = f"{torch.get_num_threads()} (--threads)" if args.threads else f"{torch.get_num_threads()} (default)"
     print(f"specviz.bench: {len(prompts)} prompts x {len(specs)} methods x {args.repeats} repeats, "
-          f"max_new_tokens={args.max_new_tokens}, temperature={args.temperature:g}, {dtype}, "
+          f"max_new_tokens={args.max_new_tokens}, temperature={args.temperature:g}, {dtype} on {device}, "
           f"torch threads {threads}, load average {os.getloadavg()[0]:.2f}")
     print(f"rows: {out} ({len(existing)} already there, {sum(len(t) for *_, t in rounds)} to run)")
     if rounds:
@@ -299,10 +330,10 @@ def _measure(args, specs: list[MethodSpec], prompts, rounds, existing: pd.DataFr
         if args.warmup_tokens:
             first = ids[prompts[rounds[0][1]].question_id]
             for s in specs:
-                if s.name in pending:
+                if s.name in pending and s.family not in LLAMA_METHODS:  # a fresh process per run: no warm state
                     run_method(s, pair, first, max_new_tokens=args.warmup_tokens, temperature=args.temperature,
                                seed=args.seed, drafter=drafters.get(s.name),
-                               verifier=s.verifier(args.temperature, args.verifier))
+                               verifier=s.verifier(args.temperature, args.verifier), llama_cpp=args.llama_cpp_dir)
             print(f"warm-up: {len(pending)} methods x {args.warmup_tokens} tokens (not timed)")
         total = sum(len(t) for *_, t in rounds)
         count = 0
@@ -318,12 +349,12 @@ def _measure(args, specs: list[MethodSpec], prompts, rounds, existing: pd.DataFr
                 load1 = os.getloadavg()[0]
                 gen = run_method(spec, pair, ids[qid], max_new_tokens=args.max_new_tokens,
                                  temperature=args.temperature, seed=seed, drafter=drafters.get(spec.name),
-                                 verifier=spec.verifier(args.temperature, args.verifier))
+                                 verifier=spec.verifier(args.temperature, args.verifier), llama_cpp=args.llama_cpp_dir)
                 gens[spec.name] = (position, gen, load1)
                 count += 1
                 print(f"[{count:>4}/{total}] q{qid} {prompt.category:<15} {spec.name:<18} "
-                      f"{len(gen.output_ids) / gen.wall_s:7.2f} tok/s  tau {len(gen.output_ids) / gen.steps:5.2f}  "
-                      f"{len(gen.output_ids):>4} tokens ({gen.stop})", flush=True)
+                      f"{gen.n_tokens / gen.wall_s:7.2f} tok/s  tau {gen.n_tokens / gen.steps:5.2f}  "
+                      f"{gen.n_tokens:>4} tokens ({gen.stop})", flush=True)
             if "plain" in gens:
                 plain = gens["plain"][1]
                 plain_tps, plain_ids = len(plain.output_ids) / plain.wall_s, plain.output_ids

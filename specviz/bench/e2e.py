@@ -77,10 +77,12 @@ from typing import Sequence
 import pandas as pd
 import torch
 
+from specviz.models.device import synchronize
 from specviz.draft.registry import STRATEGIES, Family, MethodSpec, Param, parse_name
 
 __all__ = [
     "PEER_METHODS",
+    "LLAMA_METHODS",
     "PEERS",
     "DEFAULT_METHODS",
     "METHOD_GRAMMAR",
@@ -114,7 +116,15 @@ PEERS: tuple[Family, ...] = (
            "transformers prompt-lookup decoding, K candidate tokens (default 10)"),
     Family("specviz-plain", "specviz-plain", r"specviz-plain", (),
            "specviz.decode.plain_generate, target alone (sanity row)"),
+    Family("llama-plain", "llama-plain", r"llama-plain", (),
+           "llama.cpp plain decoding of the target's GGUF file (llama-bench -pg; needs --llama-cpp or PATH)"),
+    Family("llama-spec", "llama-spec[-k<K>]", r"llama-spec(?:-k(\d+))?", (Param("k", 3),),
+           "llama.cpp speculative decoding, the draft's GGUF proposing up to K tokens (default 3, "
+           "llama.cpp's own; llama-speculative-simple)"),
 )
+
+#: the peers run by llama.cpp's programs (:mod:`specviz.bench.llama`)
+LLAMA_METHODS: tuple[str, ...] = ("llama-plain", "llama-spec")
 
 #: the method names ``--methods`` accepts
 METHOD_GRAMMAR: tuple[Family, ...] = PEERS + STRATEGIES
@@ -124,7 +134,7 @@ COLUMNS: tuple[str, ...] = (
     "method", "question_id", "category", "repeat", "position", "prompt_tokens", "new_tokens", "wall_s",
     "tokens_per_s", "speedup", "target_calls", "steps", "tau", "drafted", "accepted", "acceptance_rate",
     "matches_plain", "prefix_match", "stop", "draft_s", "verify_s", "drafter", "verifier", "temperature",
-    "max_new_tokens", "seed", "dtype", "target", "draft", "threads", "load1", "output_ids",
+    "max_new_tokens", "seed", "dtype", "device", "target", "draft", "threads", "load1", "output_ids",
 )
 
 
@@ -156,6 +166,8 @@ class Generation:
             NaN for the others).
         drafter: what proposed the drafts, in words.
         verifier: the specviz verification rule ("" for other methods).
+        new_tokens: the number of tokens generated, where ``output_ids`` cannot hold them
+            (None: ``len(output_ids)``).
     """
 
     output_ids: tuple[int, ...]
@@ -169,6 +181,13 @@ class Generation:
     verify_s: float
     drafter: str
     verifier: str
+    new_tokens: int | None = None
+
+    @property
+    def n_tokens(self) -> int:
+        """Tokens generated: ``new_tokens`` where the method reports a count but no ids
+        (llama.cpp's plain decoding), else ``len(output_ids)``."""
+        return len(self.output_ids) if self.new_tokens is None else self.new_tokens
 
 
 class _TargetCalls:
@@ -212,7 +231,7 @@ def _bf16_twin(target):
 
         source = target if WEIGHT_MODES[target.weight_mode].convert is None else target.name
         _BF16_TWINS.clear()  # one twin at a time: a 1.5B bf16 copy is 3 GB
-        _BF16_TWINS[key] = load_model(source, "bf16")
+        _BF16_TWINS[key] = load_model(source, "bf16", device=target.device)
     return _BF16_TWINS[key]
 
 
@@ -234,12 +253,13 @@ def _run_peer(spec: MethodSpec, pair, ids: list[int], max_new_tokens: int, tempe
     elif spec.family == "hf-prompt-lookup":
         kwargs["prompt_lookup_num_tokens"] = spec.arguments()["k"]
         drafter = f"prompt lookup k={kwargs['prompt_lookup_num_tokens']}"
-    prompt = torch.tensor([ids])  # (1, P)
+    prompt = torch.tensor([ids], device=model.device)  # (1, P)
     with _TargetCalls(model) as calls:
         # transformers samples from torch's global generator and takes no generator argument
         torch.manual_seed(seed)
         start = time.perf_counter()
         out = model.generate(prompt, attention_mask=torch.ones_like(prompt), **kwargs)  # (1, P + new)
+        synchronize(model.device)
         wall = time.perf_counter() - start
     new = _cut_at_eos(out[0, len(ids):].tolist(), eos)
     steps = len(calls.fed)
@@ -250,8 +270,37 @@ def _run_peer(spec: MethodSpec, pair, ids: list[int], max_new_tokens: int, tempe
     return Generation(new, wall, steps, steps, drafted, len(new) - steps, stop, math.nan, math.nan, drafter, "")
 
 
+def _run_llama(spec: MethodSpec, pair, ids: list[int], max_new_tokens: int, temperature: float, seed: int,
+               llama_cpp, eos: tuple[int, ...]) -> Generation:
+    import torch
+
+    from specviz.bench.llama import llama_plain, llama_speculative
+    from specviz.models.loading import BUILTIN_MODELS, builtin_gguf
+
+    if llama_cpp is None:
+        raise ValueError(f"method {spec.name!r} needs llama.cpp's programs (--llama-cpp DIR, or on PATH)")
+    for m in (pair.target, pair.draft):
+        if m.name.lower() not in BUILTIN_MODELS:
+            raise ValueError(f"method {spec.name!r} runs llama.cpp on the built-in pair's GGUF files; "
+                             f"{m.name!r} is not a built-in model")
+    threads = torch.get_num_threads()
+    target = builtin_gguf(pair.target.name)
+    if spec.family == "llama-plain":
+        run = llama_plain(Path(llama_cpp), target, len(ids), max_new_tokens, threads)
+        return Generation((), run.wall_s, run.steps, run.steps, 0, 0, "max_new_tokens", math.nan, math.nan,
+                          "none", "", new_tokens=run.new_tokens)
+    k = spec.arguments()["k"]
+    tok = pair.target.tokenizer
+    run = llama_speculative(Path(llama_cpp), target, builtin_gguf(pair.draft.name), tok.decode(ids), max_new_tokens,
+                            k, threads, temperature, seed)
+    out = _cut_at_eos(tok(run.text, add_special_tokens=False).input_ids[:max_new_tokens], eos)
+    stop = "eos" if run.new_tokens < max_new_tokens else "max_new_tokens"
+    return Generation(out, run.wall_s, run.steps, run.steps, run.drafted, run.accepted, stop, math.nan, math.nan,
+                      f"llama.cpp draft {pair.draft.name} k={k}", "", new_tokens=run.new_tokens)
+
+
 def run_method(spec: MethodSpec, pair, ids: list[int], *, max_new_tokens: int, temperature: float = 0.0,
-               seed: int = 0, drafter=None, verifier: str = "") -> Generation:
+               seed: int = 0, drafter=None, verifier: str = "", llama_cpp=None) -> Generation:
     """Time one generation of ``spec`` on the prompt ids ``ids``.
 
     Args:
@@ -263,6 +312,8 @@ def run_method(spec: MethodSpec, pair, ids: list[int], *, max_new_tokens: int, t
         seed: seeds the sampling (specviz's generator, torch's global one for transformers).
         drafter: the strategy's drafter (:func:`specviz.draft.registry.build_drafter`; built once, reused).
         verifier: the strategy's verification rule (:meth:`MethodSpec.verifier`).
+        llama_cpp: the directory of llama.cpp's programs, for the ``llama-*`` peers
+            (:func:`specviz.bench.llama.find_llama_cpp`).
     """
     from specviz.decode.engine import (
         eos_token_ids,
@@ -273,6 +324,8 @@ def run_method(spec: MethodSpec, pair, ids: list[int], *, max_new_tokens: int, t
     from specviz.sampling import SamplingConfig
 
     eos = eos_token_ids(pair.target)
+    if spec.family in LLAMA_METHODS:
+        return _run_llama(spec, pair, ids, max_new_tokens, temperature, seed, llama_cpp, eos)
     if spec.family in PEER_METHODS:
         return _run_peer(spec, pair, ids, max_new_tokens, temperature, seed, eos)
     config = SamplingConfig(temperature=temperature)
@@ -305,12 +358,18 @@ def load_results(path: str | os.PathLike) -> pd.DataFrame:
     Raises:
         FileNotFoundError: no such file.
         ValueError: the file lacks columns of :data:`COLUMNS`.
+
+    Files written before the ``device`` column existed were measured on the CPU and read
+    with ``device`` "cpu".
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"benchmark results not found: {path}")
     df = pd.read_csv(path, dtype={"output_ids": str, "method": str, "category": str})
     missing = [c for c in COLUMNS if c not in df.columns]
+    if missing == ["device"]:
+        df.insert(COLUMNS.index("device"), "device", "cpu")
+        missing = []
     if missing:
         raise ValueError(f"{path} is not a specviz benchmark CSV (missing columns {missing})")
     return df

@@ -28,7 +28,8 @@ from specviz.checks.identity import (
     format_schedules,
 )
 from specviz.models.loading import DEFAULT_DRAFT, DEFAULT_TARGET, load_model, load_pair
-from specviz.models.weights import WEIGHT_MODES
+from specviz.models.device import resolve_device
+from specviz.models.weights import WEIGHT_MODES, parse_weight_mode
 from specviz.study.store import ResultStore
 
 __all__ = ["main"]
@@ -58,7 +59,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="draft-forward / target-verify cost for the adaptive section (default 0.3)")
     parser.add_argument("--out", default="checks.json", help="JSON report, relative to outputs/ (default checks.json)")
     parser.add_argument("--fresh", action="store_true", help="ignore finished units of an earlier run and start over")
+    parser.add_argument("--device", default="auto",
+                        help="where the models run: auto (default: CUDA, then MPS, then the CPU, among those that "
+                             "run the section's weight mode), cpu, cuda[:N] or mps")
     args = parser.parse_args(argv)
+    try:
+        resolve_device(args.device)
+    except ValueError as exc:
+        parser.error(f"--device: {exc}")
+
+    def device_for(dtype: str) -> str:
+        try:
+            return str(resolve_device(args.device, parse_weight_mode(dtype)))
+        except ValueError as exc:
+            parser.error(f"--device: {exc}")
+
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
     mode_sections = [m for m in WEIGHT_MODES if m != "fp32"]
     unknown = sorted(set(sections) - {"identity", "accuracy", "adaptive", *mode_sections})
@@ -72,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--chunk must be >= 1, got {args.chunk}")
     prompts = _prompts(args.prompts)
     keep = [s for s in args.drafters.split(",") if s]
-    report: dict[str, object] = {"prompts": args.prompts, "tokens": args.tokens}
+    report: dict[str, object] = {"prompts": args.prompts, "tokens": args.tokens, "device": args.device}
     status = 0
 
     def log(msg: str) -> None:
@@ -85,7 +100,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def store_for(dtype: str) -> ResultStore:
         if dtype not in stores:
-            path = OUTPUTS_DIR / "checks" / "partial" / f"checks-{args.prompts}x{args.tokens}-{dtype}.jsonl"
+            where = device_for(dtype)
+            suffix = "" if where == "cpu" else "-" + where.replace(":", "")
+            path = OUTPUTS_DIR / "checks" / "partial" / f"checks-{args.prompts}x{args.tokens}-{dtype}{suffix}.jsonl"
             if args.fresh:
                 path.unlink(missing_ok=True)
             stores[dtype] = ResultStore(path)
@@ -97,7 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if section not in sections:
             continue
         store = store_for(dtype)
-        pair = load_pair(DEFAULT_TARGET, DEFAULT_DRAFT, dtype=dtype)
+        pair = load_pair(DEFAULT_TARGET, DEFAULT_DRAFT, dtype=dtype, device=device_for(dtype))
+        log(f"{section}: {dtype} on {pair.target.device}")
         drafters = [d for d in default_drafters(pair) if not keep or any(k in d.name for k in keep)]
         checks = check_identity(pair, prompts, drafters, args.tokens, log=log, store=store)
         log(format_checks(checks))
@@ -107,9 +125,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             status = 1
         del pair, drafters
     if "accuracy" in sections:
-        report["accuracy"] = _accuracy(args, accuracy_modes, log)
+        report["accuracy"] = _accuracy(args, accuracy_modes, log, device_for)
     if "adaptive" in sections:
-        pair = load_pair(DEFAULT_TARGET, DEFAULT_DRAFT, dtype="bf16")
+        pair = load_pair(DEFAULT_TARGET, DEFAULT_DRAFT, dtype="bf16", device=device_for("bf16"))
         results = compare_schedules(pair, prompts, args.tokens, args.cost_ratio, log=log, store=store_for("bf16"))
         log(format_schedules(results))
         report["adaptive"] = [asdict(r) for r in results]
@@ -121,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return status
 
 
-def _accuracy(args, modes: list[str], log) -> dict:
+def _accuracy(args, modes: list[str], log, device_for) -> dict:
     """The accuracy section: fp32 greedy continuations of the prompts, then each mode's
     teacher-forced agreement with them (one model in memory at a time)."""
     import pandas as pd
@@ -131,11 +149,13 @@ def _accuracy(args, modes: list[str], log) -> dict:
 
     prompts = load_prompts(limit=args.prompts)
     log(f"accuracy: fp32 references for {len(prompts)} prompts x {args.tokens} tokens")
-    texts = reference_texts(load_model(DEFAULT_TARGET, "fp32"), prompts, max_new_tokens=args.tokens)
+    texts = reference_texts(load_model(DEFAULT_TARGET, "fp32", device=device_for("fp32")), prompts,
+                            max_new_tokens=args.tokens)
     tables = []
     for mode in modes:
-        log(f"accuracy: {mode}, continuation fed {args.chunk} tokens per forward")
-        tables.append(agreement_table(load_model(DEFAULT_TARGET, mode), texts, chunk=args.chunk))
+        log(f"accuracy: {mode} on {device_for(mode)}, continuation fed {args.chunk} tokens per forward")
+        tables.append(agreement_table(load_model(DEFAULT_TARGET, mode, device=device_for(mode)), texts,
+                                      chunk=args.chunk))
     summary = agreement_by_category(pd.concat(tables, ignore_index=True))
     bar = accuracy_bar(summary)
     with pd.option_context("display.width", 160, "display.max_columns", 20):

@@ -148,7 +148,7 @@ def _dtype_tag(dtype: torch.dtype) -> str:
 def logit_gap(target: LoadedModel, prefix: Sequence[int], a: int, b: int) -> tuple[float, float, float]:
     """``(logit[a] - logit[b], max(logit[a], logit[b]), rounding step there)`` for the
     target's next-token logits after ``prefix``, in the model's own dtype."""
-    logits = target.model(torch.tensor([list(prefix)])).logits[0, -1]  # (V,) model dtype
+    logits = target.model(torch.tensor([list(prefix)], device=target.device)).logits[0, -1].cpu()  # (V,) model dtype
     la, lb = float(logits[a]), float(logits[b])
     top = max(la, lb)
     # spacing of representable numbers at |top|: eps (the spacing at 1.0) times its binade

@@ -18,6 +18,7 @@ from typing import Iterable, Sequence
 
 import torch
 
+from specviz.models.device import model_device
 from specviz.models.loading import LoadedModel
 from specviz.tree.sequoia import positional_acceptance_from_counts
 from specviz.validate import check_int
@@ -48,9 +49,9 @@ def draft_ranks(draft, prompt_ids: Sequence[int], continuation: Sequence[int], *
     prompt = [int(t) for t in prompt_ids]
     if not cont or not prompt:
         raise ValueError(f"need a non-empty prompt and continuation, got {len(prompt)} and {len(cont)} tokens")
-    ids = torch.tensor([prompt + cont[:-1]])  # (1, P + T - 1)
+    ids = torch.tensor([prompt + cont[:-1]], device=model_device(model))  # (1, P + T - 1)
     t = len(cont)
-    logits = model(input_ids=ids, use_cache=False, logits_to_keep=t).logits[0].float()  # (T, V)
+    logits = model(input_ids=ids, use_cache=False, logits_to_keep=t).logits[0].float().cpu()  # (T, V)
     target = torch.tensor(cont)[:, None]  # (T, 1)
     ranks = (logits > logits.gather(1, target)).sum(dim=1)  # (T,)
     return ranks.clamp(max=max_rank)

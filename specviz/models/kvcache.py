@@ -32,6 +32,7 @@ from typing import Sequence
 import torch
 from transformers import DynamicCache
 
+from specviz.models.device import model_device, to_device
 from specviz.attention.hf import ATTENTION_CHOICES, SHARED_KEYS_KWARG, SPECVIZ_ATTENTION, attention_implementation
 from specviz.validate import check_choice
 
@@ -177,7 +178,7 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Boolean ``(B, N, K)`` "may attend" mask -> additive ``(B, 1, N, K)`` float mask."""
     if allowed.dtype != torch.bool or allowed.dim() != 3:
         raise ValueError(f"allowed must be a bool (B, N, K) tensor, got {allowed.dtype} {tuple(allowed.shape)}")
-    out = torch.zeros(allowed.shape, dtype=dtype)
+    out = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
     out.masked_fill_(~allowed, torch.finfo(dtype).min)
     return out[:, None]  # (B, 1, N, K)
 
@@ -204,18 +205,22 @@ def forward_tokens(model, cache: DynamicCache, tokens: torch.Tensor, position_id
             or ``"sdpa"`` (transformers' own, the reference). The model's implementation
             is switched for this call only. A forward without a mask keeps the model's own.
 
+    The inputs may be on the CPU: they go to the model's device, and the logits come back
+    to the CPU (which waits for the device, so a timed forward is synchronised).
+
     Returns:
-        ``(B, N, V)`` float32 logits (``(B, logits_to_keep, V)`` when it is set).
+        ``(B, N, V)`` float32 CPU logits (``(B, logits_to_keep, V)`` when it is set).
     """
     check_choice("attention", attention, ATTENTION_CHOICES)
     s = cache_length(cache)
     b, n = tokens.shape
     if position_ids.shape != (b, n):
         raise ValueError(f"position_ids must have shape {(b, n)}, got {tuple(position_ids.shape)}")
-    inputs = dict(input_ids=tokens, position_ids=position_ids, past_key_values=cache, use_cache=True,
-                  logits_to_keep=logits_to_keep)
+    device = model_device(model)
+    inputs = dict(input_ids=to_device(tokens, device), position_ids=to_device(position_ids, device),
+                  past_key_values=cache, use_cache=True, logits_to_keep=logits_to_keep)
     if allowed is None:
-        return model(**inputs).logits.float()
+        return model(**inputs).logits.float().cpu()
     if allowed.shape != (b, n, s + n):
         raise ValueError(f"mask must have shape {(b, n, s + n)} (cache {s} + new {n}), "
                          f"got {tuple(allowed.shape)}")
@@ -223,5 +228,5 @@ def forward_tokens(model, cache: DynamicCache, tokens: torch.Tensor, position_id
         # the leading cache slots that every query of every row may see (the common prefix)
         inputs[SHARED_KEYS_KWARG] = int(allowed[:, :, :s].all(dim=1).all(dim=0).cumprod(0).sum())
     with attention_implementation(model, "sdpa" if attention == "sdpa" else SPECVIZ_ATTENTION):
-        out = model(attention_mask=additive_mask(allowed, model.dtype), **inputs)
-    return out.logits.float()
+        out = model(attention_mask=additive_mask(to_device(allowed, device), model.dtype), **inputs)
+    return out.logits.float().cpu()

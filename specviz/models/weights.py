@@ -340,6 +340,8 @@ class WeightMode:
             and only casts it.
         calibrated: ``convert`` also takes the layer's :func:`input_absmax` entry, so the
             conversion needs calibration tokens.
+        devices: the device kinds whose kernels run this mode (the packed integer
+            kernels are the CPU's).
     """
 
     name: str
@@ -348,7 +350,10 @@ class WeightMode:
     activation_dtype: torch.dtype
     convert: Callable[..., nn.Module] | None = None
     calibrated: bool = False
+    devices: tuple[str, ...] = ("cpu", "cuda", "mps")
 
+
+_CPU_ONLY = ("cpu",)
 
 WEIGHT_MODES: dict[str, WeightMode] = {
     m.name: m
@@ -359,11 +364,12 @@ WEIGHT_MODES: dict[str, WeightMode] = {
         WeightMode("fp32-wx", "float32, products computed as (W @ x.T).T", False, torch.float32,
                    WxLinear.from_linear),
         WeightMode("int8", "int8 weights, one scale per output channel; bf16 activations", False,
-                   _PACKED_DTYPE, Int8Linear.from_linear),
+                   _PACKED_DTYPE, Int8Linear.from_linear, devices=_CPU_ONLY),
         WeightMode("int4", "4-bit weights, scale and zero per 64 inputs; bf16 activations", False,
-                   _PACKED_DTYPE, Int4Linear.from_linear),
+                   _PACKED_DTYPE, Int4Linear.from_linear, devices=_CPU_ONLY),
         WeightMode("w8a8", "int8 weights x int8 activations (SmoothQuant, one scale per forward); fp32 "
-                   "activations between layers", False, torch.float32, W8A8Linear.from_linear, calibrated=True),
+                   "activations between layers", False, torch.float32, W8A8Linear.from_linear, calibrated=True,
+                   devices=_CPU_ONLY),
     )
 }
 

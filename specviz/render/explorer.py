@@ -394,19 +394,20 @@ class Explorer:
         return self.widget._repr_mimebundle_(**kwargs)
 
 
-def _load(model: str | ModelPair, dtype: str | None) -> ModelPair:
+def _load(model: str | ModelPair, dtype: str | None, device: str | None) -> ModelPair:
     if isinstance(model, ModelPair):
         return model
     if model == "tiny":
-        return tiny_pair(seed=0, dtype=dtype or "fp32")
+        return tiny_pair(seed=0, dtype=dtype or "fp32", device=device or "cpu")
     if model == "builtin":
-        return load_pair(dtype=dtype or "bf16")
+        return load_pair(dtype=dtype or "bf16", device=device)
     raise ValueError(f"model must be one of {MODELS} or a ModelPair, got {model!r}")
 
 
 def explore(model: str | ModelPair = "tiny", prompt: str = "def fibonacci(n):", *, strategy: str = "dynamic",
             width: int = 2, depth: int = 4, budget: int = 16, temperature: float = 0.0,
-            max_new_tokens: int = 24, seed: int = 0, dtype: str | None = None, background: bool = True) -> Explorer:
+            max_new_tokens: int = 24, seed: int = 0, dtype: str | None = None, device: str | None = None,
+            background: bool = True) -> Explorer:
     """Open the explorer (display the returned object, e.g. as a cell's last expression).
 
     Args:
@@ -419,12 +420,14 @@ def explore(model: str | ModelPair = "tiny", prompt: str = "def fibonacci(n):", 
         seed: random seed of drafting and verification.
         dtype: weight mode of a model given by name (``fp32``, ``bf16``, ``int8``, ``w8a8``,
             ...); None: bf16 for the builtin pair, fp32 for the tiny one.
+        device: where a model given by name runs (``auto``, ``cpu``, ``cuda``, ``mps``);
+            None: ``auto`` for the builtin pair, the CPU for the tiny one.
         background: compute changes in a background thread.
 
     Raises:
-        ValueError: an unknown model or weight mode, or an out-of-range setting.
+        ValueError: an unknown model, weight mode or device, or an out-of-range setting.
     """
     settings = ExplorerSettings(prompt=prompt, strategy=strategy, width=width, depth=depth, budget=budget,
                                 temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
-    return Explorer(_load(model, dtype), settings, background=background)
+    return Explorer(_load(model, dtype, device), settings, background=background)
 
