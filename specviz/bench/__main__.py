@@ -48,6 +48,7 @@ from specviz.bench.e2e import (
 from specviz.bench.llama import LLAMA_BINARIES, find_llama_cpp
 from specviz.draft.registry import MethodSpec, build_drafter
 from specviz.locations import output_path
+from specviz.models.auto import is_auto, resolve_auto
 from specviz.models.device import resolve_device
 
 __all__ = ["main"]
@@ -98,7 +99,8 @@ def _e2e_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default=None, help="target model (default: the built-in 1.5B)")
     p.add_argument("--draft", default=None, help="draft model (default: the built-in 0.5B)")
     p.add_argument("--dtype", default="bf16",
-                   help="weight mode of both models: fp32, bf16 (default), fp16, fp32-wx, int8, int4 or w8a8")
+                   help="weight mode of both models: fp32, bf16 (default), fp16, fp32-wx, int8, int4, w8a8, or auto "
+                        "(the fastest mode that passes the accuracy bar on this machine, probed once and cached)")
     p.add_argument("--device", default="auto",
                    help="where the models run: auto (default: CUDA, then MPS, then the CPU, among those "
                         "that run --dtype), cpu, cuda[:N] or mps")
@@ -266,6 +268,8 @@ def _e2e(argv: list[str]) -> int:
     else:
         names = (args.target or DEFAULT_TARGET, args.draft or DEFAULT_DRAFT)
     try:
+        if is_auto(args.dtype):
+            args.dtype = "fp32" if args.models == "tiny" else resolve_auto(names[0], args.device)
         mode = parse_weight_mode(args.dtype)
     except ValueError as exc:
         raise _UsageError(f"--dtype: {exc}") from None

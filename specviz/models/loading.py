@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from specviz.models.auto import is_auto, resolve_auto
 from specviz.models.device import model_device, resolve_device
 from specviz.models.weights import WEIGHT_MODES, WeightMode, parse_weight_mode, quantize_model, weight_mode_of
 
@@ -435,9 +436,12 @@ def load_model(name_or_path: "str | os.PathLike | LoadedModel", dtype: WeightMod
             Hugging Face Hub id (needs network the first time). A ``LoadedModel`` is
             returned unchanged if its weight mode matches, or converted as a copy otherwise.
         dtype: a weight mode of :data:`~specviz.models.weights.WEIGHT_MODES` ("fp32",
-            "bf16", "fp16", "fp32-wx", "int8", "int4") or a torch float dtype; bf16 (default)
-            is fast on CPUs with bf16 units, fp32 is the reference for exact-equality tests,
-            int8 and int4 quantize the fp32 weights (small forwards are cheaper on AVX2 CPUs).
+            "bf16", "fp16", "fp32-wx", "int8", "int4", "w8a8") or a torch float dtype; bf16
+            (default) is fast on CPUs with bf16 units, fp32 is the reference for exact-equality
+            tests, int8 and int4 quantize the fp32 weights (small forwards are cheaper on AVX2
+            CPUs). ``"auto"``: the fastest mode on this machine that passes the accuracy bar
+            (:func:`specviz.models.auto.choose_weight_mode`, probed once per machine and
+            cached; bf16 on an accelerator).
         cache: cache directory (default ``$SPECVIZ_CACHE`` or ``~/.cache/specviz``).
         device: ``"auto"``, ``"cpu"``, ``"cuda"`` (``"cuda:N"``) or ``"mps"``
             (:func:`~specviz.models.device.resolve_device`). None means ``"auto"`` for a
@@ -453,6 +457,8 @@ def load_model(name_or_path: "str | os.PathLike | LoadedModel", dtype: WeightMod
         FileNotFoundError: a built-in model's data packages are missing (names the pip command).
         PermissionError: the cache directory is not writable.
     """
+    if is_auto(dtype):
+        dtype = resolve_auto(name_or_path, device, cache)
     mode = parse_weight_mode(dtype)
     dtype = mode.activation_dtype
     if isinstance(name_or_path, LoadedModel):
@@ -541,6 +547,8 @@ def load_pair(target: "str | LoadedModel" = DEFAULT_TARGET, draft: "str | Loaded
     Raises:
         TokenizerMismatchError: the vocabularies or special tokens differ (says which).
     """
+    if is_auto(dtype):
+        dtype = resolve_auto(target, device, cache)  # the target's choice, for both models
     t = load_model(target, dtype, cache, device)
     d = load_model(draft, dtype, cache, t.device)
     check_same_tokenizer(t.tokenizer, d.tokenizer)

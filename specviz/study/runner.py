@@ -275,6 +275,7 @@ def run_study(preset: str | Preset = "quick", *, out_dir: str | Path | None = No
             Without either, every unit runs in its notebook's process.
         dtype: weight mode of the real models (``fp32``, ``bf16``, ``int8``, ``w8a8``, ...)
             for every notebook that has a ``dtype`` parameter; default: each notebook's own.
+            ``auto`` is resolved once, before the first notebook (:mod:`specviz.models.auto`).
         log: where progress lines go.
 
     Raises:
@@ -288,9 +289,13 @@ def run_study(preset: str | Preset = "quick", *, out_dir: str | Path | None = No
     if workers is not None:
         check_int("workers", workers, error=StudyConfigError)
     if dtype is not None:
+        from specviz.models.auto import is_auto, resolve_auto
+        from specviz.models.loading import DEFAULT_TARGET
         from specviz.models.weights import parse_weight_mode
 
         try:
+            if is_auto(dtype):  # one choice for the whole study, from the built-in target's probe
+                dtype = resolve_auto(DEFAULT_TARGET, log=log)
             dtype = parse_weight_mode(dtype).name
         except ValueError as exc:
             raise StudyConfigError(f"dtype: {exc}") from None
