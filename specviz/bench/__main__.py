@@ -1,7 +1,8 @@
 """The benchmark command line.
 
 ``python -m specviz.bench`` times end-to-end decoding of the same prompts with
-transformers' own decoding and with specviz's strategies (:mod:`specviz.bench.e2e` says
+transformers' own decoding, with llama.cpp's when its programs are found
+(:mod:`specviz.bench.llama`), and with specviz's strategies (:mod:`specviz.bench.e2e` says
 what each method and CSV column means); ``python -m specviz.bench attention`` times tree
 attention against per-path and causal attention (:mod:`specviz.bench.attention`).
 
@@ -14,6 +15,8 @@ Usage::
     python -m specviz.bench --limit 7 --max-new-tokens 128                   # one prompt per category
     python -m specviz.bench --limit 7 --max-new-tokens 128 --temperature 0.7
     python -m specviz.bench --methods hf-assisted dynamic-k8-d6-n32 ngram-n4-k10 --out tuning.csv
+    python -m specviz.bench --dtype int8 --llama-cpp ~/llama.cpp/build --methods chain-k2 llama-plain llama-spec-k2
+    python -m specviz.bench --device cuda --dtype bf16 --limit 7
     python -m specviz.bench attention --budgets 8 16 32 64 --batch-sizes 1 4 --prefix-lens 128 512 2048
 """
 
