@@ -37,10 +37,9 @@ def machine_key() -> str:
     """This machine's probe file: CPU model, core count and torch version (a file-name-safe
     slug; the host name is left out, so identical CI machines share it). Each probe in it
     also records the torch thread count it ran with."""
-    from specviz.study.work import machine_label
+    from specviz.study.work import cpu_label
 
-    label = machine_label().split(" (", 1)[-1].rstrip(")")
-    raw = f"{label}-torch{torch.__version__}"
+    raw = f"{cpu_label()}-torch{torch.__version__}"
     return re.sub(r"[^A-Za-z0-9.]+", "-", raw).strip("-")
 
 

@@ -42,7 +42,7 @@ from specviz.study.cluster import PROGRESS_FILE
 from specviz.study.store import ResultStore, atomic_write_text
 from specviz.validate import check_choice
 
-__all__ = ["ModelSpec", "Unit", "Work", "models_for", "draft_source", "machine_label", "scaling_estimate",
+__all__ = ["ModelSpec", "Unit", "Work", "models_for", "draft_source", "cpu_label", "machine_label", "scaling_estimate",
            "UNIT_TIMES"]
 
 #: name of the store that keeps every unit's compute time
@@ -123,8 +123,8 @@ def draft_source(spec: ModelSpec, source: str) -> LoadedModel:
     raise ValueError(f"unknown draft source {source!r}; use 'draft' or 'self-L<layers>'")
 
 
-def machine_label() -> str:
-    """``<host name> (<CPU model>, <n> cores)``: which machine measured a timing."""
+def cpu_label() -> str:
+    """``<CPU model>, <n> cores``: the processor a timing ran on (host name left out)."""
     cpu = platform.processor() or platform.machine()
     if platform.system() == "Linux":
         try:
@@ -132,7 +132,12 @@ def machine_label() -> str:
                 cpu = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), cpu)
         except OSError:
             pass
-    return f"{socket.gethostname()} ({cpu}, {os.cpu_count()} cores)"
+    return f"{cpu}, {os.cpu_count()} cores"
+
+
+def machine_label() -> str:
+    """``<host name> (<CPU model>, <n> cores)``: which machine measured a timing."""
+    return f"{socket.gethostname()} ({cpu_label()})"
 
 
 @dataclass(frozen=True)
