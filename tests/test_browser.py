@@ -3,8 +3,18 @@
 Starts JupyterLab on 127.0.0.1 with a throwaway configuration (temporary config,
 data, runtime and workspace directories; the widget and plotly lab extensions still
 come from the environment's ``share/jupyter``), opens ``notebooks/07_explorer.ipynb``
-(a copy, so the repository file is never rewritten), runs it with the tiny model,
-presses ArrowRight on the depth slider and checks that the drawn draft tree changed.
+(a copy, so the repository file is never rewritten) and runs it with the tiny model on
+a 128-node dynamic tree (parameters set in a cell added after the parameters cell:
+width 8, depth 3, budget 128), plus one added cell that draws a tree whose token and
+title hold quotes and a tag. The test checks that
+
+* the 128-node tree fits: the figure's SVG and every node marker and label lie inside
+  the output area, which is no wider than the page;
+* pressing ArrowRight on the depth slider redraws the tree;
+* no drawn text (SVG text of the tree, step and added figures) holds ``&quot;``, and the
+  quotes and the tag of the added figure are drawn as characters;
+* the browser console has no plotly colour warnings.
+
 A screenshot goes to ``outputs/explorer.png``. The server and its kernels are shut
 down whatever happens.
 
@@ -35,6 +45,26 @@ from specviz.locations import NOTEBOOKS_DIR, outputs_dir
 pytestmark = pytest.mark.browser
 
 NOTEBOOK = "07_explorer.ipynb"
+#: the explorer's settings in the test: the tiny model drawing 128-node dynamic trees
+#: (EAGLE-2 keeps ``width + (depth - 1) * width ** 2`` = 136 candidates at width 8, depth 3)
+EXPLORER_PARAMETERS = dict(model="tiny", strategy="dynamic", width=8, depth=3, budget=128)
+#: a token and a title with quotes and a tag, drawn by an added cell
+QUOTED = 'say "hi" <b>'
+QUOTE_CELL = f"""\
+from specviz.render import figure_mimebundle, tree_figure
+from specviz.tree.core import DraftTree
+from IPython.display import display
+
+
+class QuoteTokenizer:
+    def decode(self, ids):
+        return {QUOTED!r}
+
+
+quoted = tree_figure(DraftTree.from_lists([1, 2, 3], [-1, 0, 1]), tokenizer=QuoteTokenizer(),
+                     title={("title " + QUOTED)!r})
+display(figure_mimebundle(quoted), raw=True)
+"""
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
 SERVER_START_S = 180
@@ -88,6 +118,27 @@ def _stop_server(proc: subprocess.Popen, base: str, token: str) -> None:
             continue
 
 
+def _prepare_notebook(src: Path, dest: Path) -> None:
+    """Copy the explorer notebook with the test's settings in a cell after the parameters
+    cell (as papermill injects them) and the quote cell at the end; outputs are dropped."""
+    nb = json.loads(src.read_text(encoding="utf-8"))
+    cells = nb["cells"]
+    at = next((i for i, c in enumerate(cells) if "parameters" in c.get("metadata", {}).get("tags", [])), None)
+    assert at is not None, f"{src.name} has no cell tagged 'parameters'"
+
+    def code(cell_id: str, source: str) -> dict:
+        return {"cell_type": "code", "execution_count": None, "id": cell_id, "metadata": {}, "outputs": [],
+                "source": source.splitlines(keepends=True)}
+
+    settings = "\n".join(f"{k} = {v!r}" for k, v in EXPLORER_PARAMETERS.items())
+    cells.insert(at + 1, code("test-settings", settings))
+    cells.append(code("test-quotes", QUOTE_CELL))
+    for c in cells:
+        if c["cell_type"] == "code":
+            c["outputs"], c["execution_count"] = [], None
+    dest.write_text(json.dumps(nb, indent=1), encoding="utf-8")
+
+
 @pytest.fixture
 def jupyter_lab(tmp_path):
     """A JupyterLab server on 127.0.0.1 serving a copy of the explorer notebook.
@@ -96,7 +147,7 @@ def jupyter_lab(tmp_path):
     """
     root = tmp_path / "root"
     root.mkdir()
-    shutil.copy(NOTEBOOKS_DIR / NOTEBOOK, root / NOTEBOOK)
+    _prepare_notebook(NOTEBOOKS_DIR / NOTEBOOK, root / NOTEBOOK)
     config = tmp_path / "config"
     # no news or update checks: the machine may be offline, and popups cover the page
     settings = config / "lab" / "user-settings" / "@jupyterlab" / "apputils-extension"
@@ -151,7 +202,8 @@ def jupyter_lab(tmp_path):
 
 @pytest.fixture
 def page():
-    """A headless Chromium page (only loopback traffic is expected)."""
+    """A headless Chromium page (only loopback traffic is expected); its console messages
+    are collected in ``page.console_messages``."""
     executable = _chromium()
     try:
         from playwright.sync_api import sync_playwright
@@ -160,14 +212,51 @@ def page():
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS, headless=True)
         try:
-            context = browser.new_context(viewport={"width": 1400, "height": 2400})
-            yield context.new_page()
+            context = browser.new_context(viewport={"width": VIEWPORT_WIDTH, "height": 2400})
+            new_page = context.new_page()
+            new_page.console_messages = []
+            new_page.on("console", lambda m: new_page.console_messages.append(f"{m.type}: {m.text}"))
+            yield new_page
         finally:
             browser.close()
 
 
+VIEWPORT_WIDTH = 1400
 TREE_POINTS = ".specviz-tree .js-plotly-plot .scatterlayer path.point"
 TREE_TITLE = ".specviz-tree .js-plotly-plot .gtitle"
+#: plotly.js's warning for a colour it cannot read ("WARN: Invalid color specifier: ...")
+COLOR_WARNING = re.compile(r"invalid colou?r|colou?r specifier", re.IGNORECASE)
+
+# Boxes of the first tree figure's output area, SVG, node markers and labels (page px).
+_TREE_BOXES_JS = """() => {
+    const area = document.querySelector('.specviz-tree');
+    const plot = area.querySelector('.js-plotly-plot');
+    const box = e => { const r = e.getBoundingClientRect(); return [r.left, r.right, r.width]; };
+    const labels = [...plot.querySelectorAll('.scatterlayer .textpoint text')].filter(t => t.textContent);
+    return {area: box(area), scroll: [area.scrollWidth, area.clientWidth],
+            svg: box(plot.querySelector('svg.main-svg')),
+            points: [...plot.querySelectorAll('.scatterlayer path.point')].map(box),
+            labels: labels.map(box)};
+}"""
+
+# Text content of every SVG text element of the explorer's figures and of the added cell.
+_DRAWN_TEXT_JS = """() => [...document.querySelectorAll('.js-plotly-plot svg text')].map(t => t.textContent)"""
+
+
+def _check_tree_fits(page) -> int:
+    """Assert the drawn tree lies inside its output area and the page; the marker count."""
+    boxes = page.evaluate(_TREE_BOXES_JS)
+    left, right, width = boxes["area"]
+    assert right <= VIEWPORT_WIDTH + 1, f"the output area ends at {right:.0f} px, past the page"
+    scroll_width, client_width = boxes["scroll"]
+    assert scroll_width <= client_width + 1, f"the tree output scrolls sideways ({scroll_width} > {client_width})"
+    s_left, s_right, s_width = boxes["svg"]
+    assert left - 1 <= s_left and s_right <= right + 1, f"the figure {boxes['svg']} leaves the area {boxes['area']}"
+    assert s_width >= 0.9 * width, f"the figure ({s_width:.0f} px) does not fill its area ({width:.0f} px)"
+    for kind in ("points", "labels"):
+        outside = [b for b in boxes[kind] if b[0] < s_left - 1 or b[1] > s_right + 1]
+        assert not outside, f"{len(outside)} {kind} lie outside the figure {boxes['svg']}: {outside[:3]}"
+    return len(boxes["points"])
 
 
 def test_explorer_depth_slider_redraws_tree(page, jupyter_lab):
@@ -185,8 +274,10 @@ def test_explorer_depth_slider_redraws_tree(page, jupyter_lab):
     page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
 
     page.wait_for_selector(TREE_POINTS, timeout=NOTEBOOK_RUN_S * 1000)
-    before = page.locator(TREE_POINTS).count()
     title_before = page.locator(TREE_TITLE).text_content()
+    subtitle = page.locator(".specviz-tree .js-plotly-plot .gtitle-subtitle").first.text_content()
+    assert "128 draft nodes" in subtitle, f"expected the 128-node tree, got the subtitle {subtitle!r}"
+    before = _check_tree_fits(page)
     assert before >= 2, f"the first tree should show the root and more, got {before} markers"
 
     label = page.locator(".widget-label", has_text=re.compile(r"^depth$"))
@@ -204,6 +295,20 @@ def test_explorer_depth_slider_redraws_tree(page, jupyter_lab):
     assert int(readout.inner_text()) == value_before + 1
     assert after != before
     assert page.locator(TREE_TITLE).text_content() != title_before
+
+    _check_tree_fits(page)
+
+    # the added cell's figure: quotes and the tag drawn as characters, nowhere an entity
+    quoted_title = page.locator(".js-plotly-plot .gtitle", has_text="title say")
+    quoted_title.wait_for(timeout=NOTEBOOK_RUN_S * 1000)
+    assert quoted_title.text_content() == "title " + QUOTED
+    drawn = page.evaluate(_DRAWN_TEXT_JS)
+    assert any('"hi"' in t for t in drawn if t != "title " + QUOTED), "the quoted label is not drawn"
+    entities = [t for t in drawn if re.search(r"&(quot|#x27|#39|#34|lt|gt|amp);", t)]
+    assert not entities, f"drawn text shows HTML entities: {entities[:5]}"
+
+    warnings = [m for m in page.console_messages if COLOR_WARNING.search(m)]
+    assert not warnings, f"plotly colour warnings in the console: {warnings[:5]}"
 
     shot = outputs_dir() / "explorer.png"
     page.locator(".specviz-explorer").screenshot(path=str(shot))

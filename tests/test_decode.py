@@ -96,7 +96,7 @@ def test_greedy_output_is_identical_to_the_target(tiny_pair, references, name):
         assert sum(s.acceptance.tau for s in result.steps) >= len(result.output_ids)
         for step in result.steps:
             # greedy is deterministic: the exact expectation is the realised value
-            assert step.expected_accept_length == pytest.approx(step.acceptance.accept_length)
+            assert step.expected_accepted == pytest.approx(step.acceptance.n_accepted)
             assert float(step.target_token_probs[0]) == 1.0
             assert step.tree.draft_probs is None
 
@@ -104,7 +104,7 @@ def test_greedy_output_is_identical_to_the_target(tiny_pair, references, name):
 def test_drafts_are_actually_accepted(tiny_pair):
     result = speculative_generate(tiny_pair.target, ChainDrafter(tiny_pair.draft, 4), PROMPTS[0], max_new_tokens=32)
     assert result.n_steps < 32
-    assert sum(s.acceptance.accept_length for s in result.steps) > 0
+    assert sum(s.acceptance.n_accepted for s in result.steps) > 0
 
 
 # -- the KV cache after acceptance --------------------------------------------------------------
@@ -278,7 +278,7 @@ def test_lossless_verifiers_reproduce_the_target_distribution(tiny_pair, verifie
     counts: dict[tuple[int, ...], int] = {}
     for r in runs:
         counts[r.output_ids] = counts.get(r.output_ids, 0) + 1
-    accepted = sum(s.acceptance.accept_length for r in runs for s in r.steps)
+    accepted = sum(s.acceptance.n_accepted for r in runs for s in r.steps)
     drafted = sum(s.tree.budget for r in runs for s in r.steps)
     assert 0 < accepted < drafted  # both acceptances and rejections happened
     assert _chi_square_p_value(counts, exact, n) > 1e-3
@@ -308,9 +308,9 @@ def test_expected_acceptance_is_exact_under_sampling(tiny_pair):
                                       max_new_tokens=3, config=config, verifier="specinfer", seed=list(range(n)),
                                       chat=False)
     first = [r.steps[0] for r in runs]
-    realised = sum(s.acceptance.accept_length for s in first) / n
-    expected = sum(s.expected_accept_length for s in first) / n
-    spread = torch.tensor([float(s.acceptance.accept_length) for s in first]).std().item()
+    realised = sum(s.acceptance.n_accepted for s in first) / n
+    expected = sum(s.expected_accepted for s in first) / n
+    spread = torch.tensor([float(s.acceptance.n_accepted) for s in first]).std().item()
     assert abs(realised - expected) < 4 * spread / n ** 0.5 + 1e-9
 
 
@@ -410,7 +410,7 @@ def test_traces_record_probabilities_and_times(tiny_pair):
     for i, step in enumerate(result.steps):
         assert step.step == i and step.drafter == "tree(n=6,d=2)"
         assert step.draft_time_s > 0 and step.verify_time_s > 0
-        assert 0.0 <= step.expected_accept_length <= step.tree.depth
+        assert 0.0 <= step.expected_accepted <= step.tree.depth
         assert step.tree.draft_probs is not None and step.tree.q is not None
         assert bool(((step.target_token_probs >= 0) & (step.target_token_probs <= 1)).all())
     assert result.steps[1].context_len == result.steps[0].context_len + result.steps[0].acceptance.tau

@@ -72,7 +72,7 @@ def test_lossless_rule_matches_and_lossy_rule_does_not():
     assert exact.matches_target() and not lossy.matches_target()
     assert exact.sibling_sampling == "iid" and lossy.lossless is False
     assert sum(exact.empirical) == pytest.approx(1.0) and sum(exact.target) == pytest.approx(1.0)
-    assert abs(exact.mean_accept_length - exact.expected_accept_length) < 0.2
+    assert abs(exact.mean_accepted - exact.expected_accepted) < 0.2
     table = checks_table([exact, lossy])
     assert table["matches_target"].tolist() == [True, False]
     dist = distributions_table([exact], PAIR.tokenizer)
@@ -90,9 +90,9 @@ def test_chain_rule_needs_a_chain_and_trials_are_checked():
 def test_expected_acceptance_table_at_temperature_zero_is_greedy_for_lossless_rules():
     table = expected_acceptance_table(PAIR, {"chain": chain(2), "tree": expansion([2, 2])},
                                       ["chain", "specinfer", "sequoia", "topk"], [0.0, 1.0], trees=3)
-    assert set(table.columns) == {"shape", "budget", "rule", "temperature", "expected_accept_length", "expected_tau"}
+    assert set(table.columns) == {"shape", "budget", "rule", "temperature", "expected_accepted", "expected_tau"}
     assert "chain" not in set(table[table["shape"] == "tree"]["rule"])
     greedy_rows = table[table["temperature"] == 0.0]
     for _, group in greedy_rows.groupby("shape"):
-        assert group["expected_accept_length"].nunique() == 1
-    assert (table["expected_tau"] - table["expected_accept_length"]).tolist() == pytest.approx([1.0] * len(table))
+        assert group["expected_accepted"].nunique() == 1
+    assert (table["expected_tau"] - table["expected_accepted"]).tolist() == pytest.approx([1.0] * len(table))

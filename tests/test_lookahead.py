@@ -221,7 +221,7 @@ def test_guess_trees_verified_by_the_topk_rule_keep_the_target_distribution():
     exact = check_proposals(pair, propose, "topk", t1, trials=1500, seed=0)
     lossy = check_proposals(pair, propose, "typical", t1, trials=1500, seed=0)
     assert exact.matches_target() and not lossy.matches_target()
-    assert abs(exact.mean_accept_length - exact.expected_accept_length) < 0.1
+    assert abs(exact.mean_accepted - exact.expected_accepted) < 0.1
 
 
 # -- pictures -------------------------------------------------------------------------------------------

@@ -41,9 +41,9 @@ def test_counts_rates_lengths_and_tau():
     assert stats.drafted_tokens == 3 + 3 + 3 + 5
     assert stats.accepted_tokens == 3 + 1 + 0 + 2
     assert stats.acceptance_rate == pytest.approx(6 / 14)
-    assert stats.acceptance_length == pytest.approx(6 / 4)
+    assert stats.accepted_per_step == pytest.approx(6 / 4)
     assert stats.tau == pytest.approx(1 + 6 / 4)
-    assert stats.expected_accept_length == pytest.approx((2.5 + 1.5 + 0.5 + 1.0) / 4)
+    assert stats.expected_accepted == pytest.approx((2.5 + 1.5 + 0.5 + 1.0) / 4)
     assert stats.new_tokens == 6 + 4
     assert stats.draft_time_s == pytest.approx(0.4) and stats.verify_time_s == pytest.approx(0.8)
     assert stats.strategy == "d" and stats.verifier == "greedy"
@@ -67,7 +67,7 @@ def test_nothing_drafted_gives_nan_rate_not_an_error():
     stats = summarize_steps([_step([-1], []), _step([-1], [])])
     assert stats.drafted_tokens == 0 and math.isnan(stats.acceptance_rate)
     assert stats.tau == 1.0 and stats.alpha == ()
-    assert math.isnan(summarize_steps([]).acceptance_length)
+    assert math.isnan(summarize_steps([]).accepted_per_step)
 
 
 def test_summarize_groups_by_drafter_and_verifier():
@@ -91,7 +91,7 @@ def test_records_and_frame_flatten_per_depth_columns():
     assert records[1]["alpha_1"] == 0.0 and math.isnan(records[1]["alpha_2"])
     frame = to_frame(stats)
     assert list(frame["strategy"]) == ["long", "x"]
-    assert {"acceptance_rate", "acceptance_length", "tau", "expected_accept_length", "tokens_per_second"} <= set(frame)
+    assert {"acceptance_rate", "accepted_per_step", "tau", "expected_accepted", "tokens_per_second"} <= set(frame)
     assert isinstance(stats[0], AcceptanceStats)
 
 
@@ -99,6 +99,6 @@ def test_metrics_of_a_real_run_are_consistent(tiny_pair):
     result = speculative_generate(tiny_pair.target, ChainDrafter(tiny_pair.draft, 3), "def f(x):", max_new_tokens=24)
     (stats,) = summarize([result])
     assert stats.n_steps == result.n_steps and stats.new_tokens == 24
-    assert stats.expected_accept_length == pytest.approx(stats.acceptance_length)  # greedy
+    assert stats.expected_accepted == pytest.approx(stats.accepted_per_step)  # greedy
     assert stats.drafted_tokens <= 3 * stats.n_steps
     assert 0.0 <= stats.acceptance_rate <= 1.0

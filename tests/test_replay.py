@@ -161,7 +161,7 @@ def test_score_rules_matches_the_live_expectation(tiny_pair):
     scorer = TreeScorer(tiny_pair.target)
     (logits,) = scorer.logits(list(live.prompt_ids), [step.tree])
     (score,) = score_rules(step.tree, logits, config, ["topk"], make_generator(0))
-    assert score.expected == pytest.approx(step.expected_accept_length, abs=1e-5)
+    assert score.expected == pytest.approx(step.expected_accepted, abs=1e-5)
     assert score.drafted == step.tree.budget
     rows = pd.DataFrame([vars(score)])
     assert list(rows.columns) == ["rule", "drafted", "expected", "realised"]

@@ -265,7 +265,9 @@ def test_notebook_runs_with_its_smallest_parameters(smoke_run, run):
 
 REPORTED_TABLES = ("acceptance_by_budget", "acceptance_by_category", "acceptance_per_depth", "positional_acceptance",
                    "expected_vs_realised", "verification_distribution_checks", "verification_real",
-                   "attention_timing", "cost_curves", "speed_summary", "tree_size_plan")
+                   "attention_timing", "cost_curves", "speed_summary", "tree_size_plan", "tokens_per_step",
+                   "per_position_acceptance", "oracle_bound", "calibration_bins", "calibration_ece",
+                   "engine_cross_check")
 
 
 def test_smoke_run_writes_tables_and_manifest(smoke_run):
@@ -288,6 +290,9 @@ def test_smoke_report_reads_every_table(smoke_run):
     assert not [name for name in REPORTED_TABLES if name in not_found], not_found
     html = result.report.read_text()
     assert "setup_notebook" not in html and "Method" in html
+    assert "<title>08 · Report" in html
+    assert "Lossless rules that reproduce the target distribution" in html  # findings written from the tables
+    assert "cross_check" in html  # the smoke preset switches the engine cross-check off, and the report says so
 
 
 def test_rerun_skips_finished_notebooks(smoke_run):
@@ -326,6 +331,8 @@ def test_report_export_hides_code(smoke_run, tmp_path):
     shown = export_html(executed, tmp_path / "with_code.html").read_text()
     hidden = export_html(executed, tmp_path / "report.html", hide_code=True).read_text()
     assert "setup_notebook" in shown and "setup_notebook" not in hidden
+    assert "<title>01 · " in hidden  # the page is titled by the notebook's heading, not "Notebook"
+    assert "<title>a chosen title</title>" in export_html(executed, tmp_path / "t.html", title="a chosen title").read_text()
 
 
 @pytest.mark.browser

@@ -30,7 +30,7 @@ from specviz.verify.rules import (
     NaiveVerifier,
     SpecInferVerifier,
     TypicalVerifier,
-    expected_accept_length,
+    expected_accepted,
     get_verifier,
     node_reach_probs,
 )
@@ -131,7 +131,7 @@ def draft_batch(parents: tuple[int, ...], n: int, how: str, g: torch.Generator) 
 @dataclass(frozen=True)
 class Emitted:
     pairs: torch.Tensor  # (V, V) counts of the first two emitted tokens
-    mean_accept_length: float
+    mean_accepted: float
 
 
 def emitted_pairs(rule: str, shapes, n_per_shape: int, seed: int,
@@ -153,7 +153,7 @@ def emitted_pairs(rule: str, shapes, n_per_shape: int, seed: int,
         second = torch.full((n_per_shape,), -1, dtype=torch.long)
         for t in range(n_per_shape):
             acc = verifier(batch.tree(t), batch.target_logits[t], CONFIG, g)
-            accepted += acc.accept_length
+            accepted += acc.n_accepted
             first[t] = acc.committed_tokens[0]
             if acc.tau > 1:
                 second[t] = acc.committed_tokens[1]
@@ -212,7 +212,7 @@ def test_lossless_rule_reproduces_target_two_token_distribution(rule):
     assert p_first > P_VALUE_FLOOR, f"{rule}: first token deviates (p = {p_first:.2e})"
     assert p_pair > P_VALUE_FLOOR, f"{rule}: first two tokens deviate (p = {p_pair:.2e})"
     # the drafts must often be accepted, or only the bonus-token path would be tested
-    assert run.mean_accept_length > 0.5
+    assert run.mean_accepted > 0.5
 
 
 def test_distribution_test_catches_a_subtle_mismatch():
@@ -308,9 +308,9 @@ def test_monte_carlo_agrees_with_exact_expectation(rule):
     for t in range(n):
         acc = verifier(tree, logits, CONFIG, g)
         hits[list(acc.accepted_nodes)] += 1
-        lengths[t] = acc.accept_length
+        lengths[t] = acc.n_accepted
     reach = node_reach_probs(tree, logits, CONFIG, rule)
-    expected = expected_accept_length(tree, logits, CONFIG, rule)
+    expected = expected_accepted(tree, logits, CONFIG, rule)
     assert expected == pytest.approx(float(reach[1:].sum()))
     assert expected > 0.5
     se = float(lengths.std()) / math.sqrt(n)
@@ -373,11 +373,11 @@ def test_topk_expectation_telescopes_only_for_distinct_siblings():
         return float(out[1:].sum())
 
     distinct, logits = _fixed_tree([0, 5, 1, 3, 1, 0, 3, 4], [-1, 0, 0, 0, 1, 1, 2, 5])
-    assert expected_accept_length(distinct, logits, CONFIG, "topk") == pytest.approx(
+    assert expected_accepted(distinct, logits, CONFIG, "topk") == pytest.approx(
         path_product(distinct, logits), abs=1e-6)
     repeated, logits = _fixed_tree(MC_TOKENS, MC_PARENTS)
     # repeated siblings: the telescoped sum counts token 5 twice, the exact value once
-    exact = expected_accept_length(repeated, logits, CONFIG, "topk")
+    exact = expected_accepted(repeated, logits, CONFIG, "topk")
     assert exact < path_product(repeated, logits) - 0.05
 
 
@@ -427,7 +427,7 @@ def test_greedy_reaching_a_leaf_gets_a_free_bonus_token():
     tree = DraftTree.from_lists([0, 1, 2], [-1, 0, 1])
     acc = get_verifier("greedy")(tree, _one_hot_logits([1, 2, 3]), GREEDY, make_generator(0))
     assert acc.committed_tokens == (1, 2, 3)
-    assert (acc.accept_length, acc.tau, acc.last_node) == (2, 3, 2)
+    assert (acc.n_accepted, acc.tau, acc.last_node) == (2, 3, 2)
 
 
 @pytest.mark.parametrize("draft", ["random", "greedy", "none"])
@@ -479,9 +479,9 @@ def test_acceptance_properties():
                           "topk", True)
 
     acc = make((1, 3), (7, 9), 4, 4)
-    assert (acc.accept_length, acc.tau, acc.committed_tokens, acc.last_node) == (2, 3, (7, 9, 4), 3)
+    assert (acc.n_accepted, acc.tau, acc.committed_tokens, acc.last_node) == (2, 3, (7, 9, 4), 3)
     empty = make((), (), 5, 1)
-    assert (empty.accept_length, empty.tau, empty.last_node) == (0, 1, 0)
+    assert (empty.n_accepted, empty.tau, empty.last_node) == (0, 1, 0)
     assert empty.committed_tokens == (5,)
     with pytest.raises(ValueError, match="differ in length"):
         make((1,), (), 5, 2)
@@ -494,7 +494,7 @@ def test_unknown_verifier_lists_valid_names():
         assert name in str(err.value)
     tree, logits = _fixed_tree([0, 1], [-1, 0])
     with pytest.raises(ValueError, match="valid names"):
-        expected_accept_length(tree, logits, CONFIG, "bogus")
+        expected_accepted(tree, logits, CONFIG, "bogus")
 
 
 def test_bad_verifier_options():
@@ -534,7 +534,7 @@ def test_chain_verifier_refuses_a_branching_tree():
     with pytest.raises(ValueError, match="node 0 has 2 children"):
         get_verifier("chain")(tree, logits, CONFIG, make_generator(0))
     with pytest.raises(ValueError, match="chain"):
-        expected_accept_length(tree, logits, CONFIG, ChainVerifier())
+        expected_accepted(tree, logits, CONFIG, ChainVerifier())
     # the same tree is fine for the tree rules
     assert SpecInferVerifier()(tree, logits, CONFIG, make_generator(0)).rule == "specinfer"
 

@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from specviz.metrics.external import llama_cpp_runs
 
 __all__ = ["LLAMA_BINARIES", "find_llama_cpp", "LlamaRun", "llama_plain", "llama_speculative"]
 
@@ -107,15 +108,6 @@ def llama_plain(bin_dir: Path, target_gguf: Path, n_prompt: int, n_new: int, thr
     return LlamaRun(wall, n_new, "", 0, 0, n_new)
 
 
-_NUMBERS = {
-    "encode_s": re.compile(r"encoded\s+\d+ tokens in\s+([\d.]+) seconds"),
-    "decode_s": re.compile(r"decoded\s+\d+ tokens in\s+([\d.]+) seconds"),
-    "n_predict": re.compile(r"n_predict\s*=\s*(\d+)"),
-    "n_drafted": re.compile(r"n_drafted\s*=\s*(\d+)"),
-    "n_accept": re.compile(r"n_accept\s*=\s*(\d+)"),
-}
-
-
 def llama_speculative(bin_dir: Path, target_gguf: Path, draft_gguf: Path, prompt_text: str, n_new: int, k: int,
                       threads: int, temperature: float = 0.0, seed: int = 0, timeout: float = 1800.0) -> LlamaRun:
     """Run ``llama-speculative-simple`` on ``prompt_text`` (already chat-templated; special
@@ -130,13 +122,13 @@ def llama_speculative(bin_dir: Path, target_gguf: Path, draft_gguf: Path, prompt
                "--temp", f"{temperature:g}", "--top-k", "0", "--top-p", "1.0", "--min-p", "0.0"]
         out = _run(cmd, timeout)
     logs = out.stderr + out.stdout
-    values = {}
-    for name, pattern in _NUMBERS.items():
-        found = pattern.findall(logs)
-        if not found:
-            raise RuntimeError(f"llama-speculative-simple printed no {name.replace('_', ' ')}; its log ends:\n"
-                               + "\n".join(logs.strip().splitlines()[-5:]))
-        values[name] = float(found[-1])
+    try:
+        values = llama_cpp_runs(logs, name="llama-speculative-simple's output")[-1]
+        for key, what in (("encode_s", "encoding"), ("decode_s", "decoding")):
+            if key not in values:
+                raise ValueError(f"llama-speculative-simple printed no {what} time")
+    except ValueError as exc:
+        raise RuntimeError(f"{exc}; its log ends:\n" + "\n".join(logs.strip().splitlines()[-5:])) from None
     text = out.stdout
     at = text.find(prompt_text)
     text = text[at + len(prompt_text):] if at >= 0 else text

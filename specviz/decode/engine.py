@@ -230,14 +230,14 @@ def _verify_row(row: _Row, tree: DraftTree, logits: torch.Tensor, verifier: Veri
     verify_time = forward_time + time.perf_counter() - t0
     if analyze:
         node_probs = _node_probs(tree, logits, config)
-        expected = verifier.expected_accept_length(tree, logits, config)
+        expected = verifier.expected_accepted(tree, logits, config)
     else:
         node_probs = torch.full((tree.n_nodes,), float("nan"))
         expected = float("nan")
     return StepTrace(
         step=len(row.steps),
         tree=tree if keep_draft_probs or tree.draft_probs is None else replace(tree, draft_probs=None),
-        acceptance=acc, target_token_probs=node_probs, expected_accept_length=expected,
+        acceptance=acc, target_token_probs=node_probs, expected_accepted=expected,
         draft_time_s=draft_time, verify_time_s=verify_time, drafter=row.drafter.name, context_len=len(row.tokens),
         side=side)
 

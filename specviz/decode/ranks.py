@@ -23,7 +23,7 @@ from specviz.models.loading import LoadedModel
 from specviz.tree.sequoia import positional_acceptance_from_counts
 from specviz.validate import check_int
 
-__all__ = ["draft_ranks", "positional_acceptance"]
+__all__ = ["draft_ranks", "draft_candidates", "positional_acceptance"]
 
 
 @torch.no_grad()
@@ -44,17 +44,50 @@ def draft_ranks(draft, prompt_ids: Sequence[int], continuation: Sequence[int], *
         ``(T,)`` long tensor.
     """
     check_int("max_rank", max_rank)
+    _, ranks = _teacher_forced(draft, prompt_ids, continuation)
+    return ranks.clamp(max=max_rank)
+
+
+def _teacher_forced(draft, prompt_ids: Sequence[int], continuation: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(T, V)`` CPU float32 draft logits at every continuation position (one forward over
+    the prompt and the continuation) and the ``(T,)`` unclamped rank of each continuation token."""
     model = draft.model if isinstance(draft, LoadedModel) else draft
     cont = [int(t) for t in continuation]
     prompt = [int(t) for t in prompt_ids]
     if not cont or not prompt:
         raise ValueError(f"need a non-empty prompt and continuation, got {len(prompt)} and {len(cont)} tokens")
     ids = torch.tensor([prompt + cont[:-1]], device=model_device(model))  # (1, P + T - 1)
-    t = len(cont)
-    logits = model(input_ids=ids, use_cache=False, logits_to_keep=t).logits[0].float().cpu()  # (T, V)
+    logits = model(input_ids=ids, use_cache=False, logits_to_keep=len(cont)).logits[0].float().cpu()  # (T, V)
     target = torch.tensor(cont)[:, None]  # (T, 1)
-    ranks = (logits > logits.gather(1, target)).sum(dim=1)  # (T,)
-    return ranks.clamp(max=max_rank)
+    return logits, (logits > logits.gather(1, target)).sum(dim=1)  # (T, V), (T,)
+
+
+@torch.no_grad()
+def draft_candidates(draft, prompt_ids: Sequence[int], continuation: Sequence[int], *, k: int = 8,
+                     max_rank: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """The draft's top-``k`` candidate probabilities at every continuation position, and
+    the rank of the continuation's token among them, teacher-forced (one draft forward).
+
+    Under greedy verification a draft node whose parent is on the accepted path is
+    accepted iff it holds the target's token, so ``(probs[t, r], ranks[t] == r)`` pairs
+    are the (confidence, accepted) outcomes of every reachable node a rank-ordered tree
+    can draft at position ``t``: the data of a calibration study.
+
+    Args:
+        draft: a :class:`~specviz.models.LoadedModel` or a transformers causal LM.
+        prompt_ids, continuation: as in :func:`draft_ranks`.
+        k: candidates per position.
+        max_rank: ranks at or above it are reported as ``max_rank``.
+
+    Returns:
+        ``(probs, ranks)``: ``(T, k)`` float32 softmax probabilities of the draft's
+        top-``k`` tokens (temperature 1), ``(T,)`` long ranks.
+    """
+    check_int("k", k)
+    check_int("max_rank", max_rank)
+    logits, ranks = _teacher_forced(draft, prompt_ids, continuation)
+    probs = torch.softmax(logits, dim=-1).topk(min(k, logits.shape[-1]), dim=-1).values  # (T, k)
+    return probs, ranks.clamp(max=max_rank)
 
 
 def positional_acceptance(ranks: torch.Tensor | Iterable[torch.Tensor], k: int = 8) -> tuple[float, ...]:

@@ -87,7 +87,7 @@ class StepTrace:
         acceptance: what the verifier kept.
         target_token_probs: ``(N,)`` target probability of each node's token at its
             parent (root = 1.0; NaN in replay, which never runs the target on the tree).
-        expected_accept_length: exact expected accepted draft tokens of this step under
+        expected_accepted: exact expected accepted draft tokens of this step under
             the verifier's rule (NaN when the run skipped the analysis).
         draft_time_s: wall time of the drafting phase (in a batch, all rows draft together
             and share this time).
@@ -103,7 +103,7 @@ class StepTrace:
     tree: DraftTree
     acceptance: Acceptance
     target_token_probs: torch.Tensor
-    expected_accept_length: float
+    expected_accepted: float
     draft_time_s: float
     verify_time_s: float
     drafter: str
@@ -199,7 +199,7 @@ def records_from_steps(steps: Sequence[StepTrace], new_tokens: int | None = None
         acc = s.acceptance
         committed = acc.tau if new_tokens is None else min(acc.tau, new_tokens - generated)
         out.append(StepRecord(step=s.step, position=generated, drafted=s.tree.budget, depth=s.tree.depth,
-                              accepted=acc.accept_length, extendable=bool(children_lists(s.tree)[acc.last_node]),
+                              accepted=acc.n_accepted, extendable=bool(children_lists(s.tree)[acc.last_node]),
                               committed=committed))
         generated += committed
     return tuple(out)

@@ -54,6 +54,8 @@ __all__ = [
     "greedy_reference",
     "replay_shape",
     "replay_dynamic",
+    "oracle_depth",
+    "replay_oracle",
 ]
 
 
@@ -108,7 +110,7 @@ def replay_acceptance(target: LoadedModel, drafter: Drafter, reference: Generati
         acc = _replay_step(tree, cont, row.generated)
         trace = StepTrace(step=len(row.steps), tree=tree, acceptance=acc,
                           target_token_probs=torch.full((tree.n_nodes,), float("nan")),
-                          expected_accept_length=float(acc.accept_length), draft_time_s=draft_time,
+                          expected_accepted=float(acc.n_accepted), draft_time_s=draft_time,
                           verify_time_s=0.0, drafter=drafter.name, context_len=len(row.tokens))
         row.steps.append(trace)
         drafter.observe(trace)
@@ -262,6 +264,73 @@ def replay_shape(shape: TreeShape, ranks: torch.Tensor, reference: GenerationRes
         records.append(StepRecord(step=len(records), position=generated, drafted=drafted, depth=depth,
                                   accepted=len(path), extendable=bool(kids[path[-1] if path else 0]),
                                   committed=committed))
+        generated += committed
+    return tuple(records)
+
+
+def oracle_depth(ranks: Sequence[int], budget: int, limit: int, max_rank: int | None = None) -> tuple[int, int]:
+    """Deepest path a rank-ordered tree of ``budget`` nodes could reach, with hindsight.
+
+    A drafter that adds candidates in the draft's rank order (every static shape of
+    :mod:`specviz.tree.shapes`, EAGLE-2's dynamic trees) holds the rank-``r`` child of a
+    node only together with its ``r`` better-ranked siblings, so reaching depth ``d``
+    along the continuation costs ``sum(ranks[i] + 1 for i < d)`` nodes.
+
+    Args:
+        ranks: 0-based ranks of the next continuation tokens among the draft's
+            candidates (teacher-forced, :func:`specviz.decode.draft_ranks`).
+        budget: draft nodes per step.
+        limit: deepest depth the step may reach (room left minus the bonus token).
+        max_rank: a rank at or above it means "not among the candidates" (stops the path).
+
+    Returns:
+        ``(depth, nodes)``: the depth reached and the nodes its path needs.
+    """
+    depth = cost = 0
+    for r in ranks[:max(limit, 0)]:
+        if max_rank is not None and r >= max_rank:
+            break
+        if cost + r + 1 > budget:
+            break
+        cost += r + 1
+        depth += 1
+    return depth, cost
+
+
+def replay_oracle(ranks: torch.Tensor, reference: GenerationResult, budget: int, *,
+                  target: LoadedModel | None = None, stop_ids: Sequence[int] | None = None,
+                  max_new_tokens: int | None = None, max_context: int | None = None,
+                  max_rank: int = 64) -> tuple[StepRecord, ...]:
+    """Greedy replay of the hindsight-best rank-ordered tree at every step: an upper bound.
+
+    At each step the oracle knows the target's next tokens and spends its ``budget``
+    nodes on the single path that reaches deepest (:func:`oracle_depth`), so no drafter
+    whose trees take the draft's candidates in rank order (chains, static shapes,
+    Sequoia, EAGLE-2) can accept more at that budget along the same continuation.
+    Drafts that do not come from the draft model's ranking (n-gram, lookahead) are not
+    bounded by it. Records say ``drafted`` = the nodes the path needed.
+
+    Args:
+        ranks: ``(T,)`` teacher-forced ranks of the reference's tokens
+            (:func:`specviz.decode.draft_ranks`; ``max_rank`` there marks "not found").
+        reference: the greedy reference the ranks belong to.
+        budget: draft nodes per step (root excluded).
+        target, stop_ids, max_new_tokens, max_context: stopping rules, as in :func:`replay_shape`.
+        max_rank: the ``max_rank`` the ranks were computed with.
+    """
+    check_int("budget", budget)
+    cont = _Continuation(reference, target, stop_ids, max_new_tokens, max_context)
+    ranks_list = torch.as_tensor(ranks).tolist()
+    if len(ranks_list) < cont.budget:
+        raise ValueError(f"got {len(ranks_list)} ranks for a replay of {cont.budget} tokens")
+    records: list[StepRecord] = []
+    generated, done = 0, False
+    while not done:
+        limit = cont.room(generated) - 1
+        depth, cost = oracle_depth(ranks_list[generated:], budget, limit, max_rank)
+        committed, done = cont.commit(generated, depth)
+        records.append(StepRecord(step=len(records), position=generated, drafted=cost, depth=depth,
+                                  accepted=depth, extendable=depth < limit, committed=committed))
         generated += committed
     return tuple(records)
 

@@ -97,7 +97,7 @@ class RuleScore:
     Attributes:
         rule: the verifier's name.
         drafted: draft nodes in the tree.
-        expected: exact expected accepted draft tokens (:func:`specviz.verify.expected_accept_length`).
+        expected: exact expected accepted draft tokens (:func:`specviz.verify.expected_accepted`).
         realised: draft tokens accepted by one verification with the given generator.
     """
 
@@ -116,8 +116,8 @@ def score_rules(tree: DraftTree, target_logits: torch.Tensor, config: SamplingCo
     out = []
     for name in rules:
         verifier = get_verifier(name)
-        expected = verifier.expected_accept_length(tree, target_logits, config)
-        realised = verifier(tree, target_logits, config, generator).accept_length
+        expected = verifier.expected_accepted(tree, target_logits, config)
+        realised = verifier(tree, target_logits, config, generator).n_accepted
         out.append(RuleScore(verifier.name, tree.budget, expected, realised))
     return out
 

@@ -132,7 +132,7 @@ class AdaptiveChainDrafter(ModelDrafter):
 
     def observe(self, step) -> None:
         drafted = step.tree.budget
-        accepted = step.acceptance.accept_length
+        accepted = step.acceptance.n_accepted
         if self.schedule == "heuristic":
             self.k = min(self.k_max, self.k + 2) if drafted and accepted == drafted else max(self.k_min, self.k - 1)
             return

@@ -5,15 +5,15 @@ Definitions (every number says which one it is):
 * **drafted tokens** - draft nodes proposed (root excluded), summed over steps;
 * **accepted tokens** - draft tokens on the accepted paths, summed over steps;
 * **acceptance rate** = accepted / drafted (small for trees by design: always read it
-  next to the acceptance length);
-* **acceptance length** = accepted draft tokens per step (per target call);
-* **tau** = acceptance length + 1, tokens committed per target call including the
-  bonus token (EAGLE's "average acceptance length", Spec-Bench's "#MAT");
+  next to tau);
+* **tau** = tokens committed per target call including the bonus token: Spec-Bench's
+  "#MAT", the "mean acceptance length" of EAGLE and vLLM;
+* **accepted per step** = tau - 1, accepted draft tokens per step (per target call);
 * **alpha_d** (per-depth acceptance) = P(a token is accepted at depth d | the accepted
   path reached depth d - 1 and the tree had a candidate there);
-* **expected acceptance length** - the mean over steps of the exact expectation that
-  :mod:`specviz.verify` computes from the step's target forward; next to the realised
-  acceptance length it shows whether a run was lucky.
+* **expected accepted** - the mean over steps of the exact expected accepted draft
+  tokens that :mod:`specviz.verify` computes from the step's target forward; next to
+  the realised accepted per step it shows whether a run was lucky.
 
 One implementation serves both views of a run: :func:`acceptance_numbers` and
 :func:`per_depth_counts` compute the definitions from the counts of
@@ -46,13 +46,16 @@ __all__ = [
     "records_table",
     "acceptance_summary",
     "per_depth_table",
+    "tau_distribution",
+    "per_position_acceptance",
+    "budget_fill",
 ]
 
 
 # -- the definitions ------------------------------------------------------------------------------
 
 def acceptance_numbers(drafted: int, accepted: int, steps: int) -> tuple[float, float, float]:
-    """``(acceptance_rate, acceptance_length, tau)`` of ``steps`` steps that drafted
+    """``(acceptance_rate, accepted_per_step, tau)`` of ``steps`` steps that drafted
     ``drafted`` and accepted ``accepted`` draft tokens (NaN where a count is 0)."""
     rate = accepted / drafted if drafted else math.nan
     length = accepted / steps if steps else math.nan
@@ -96,9 +99,9 @@ class AcceptanceStats:
         drafted_tokens: draft nodes proposed, root excluded.
         accepted_tokens: draft tokens accepted.
         acceptance_rate: accepted / drafted (NaN when nothing was drafted).
-        acceptance_length: accepted draft tokens per step (realised).
-        tau: acceptance_length + 1, tokens committed per target call.
-        expected_accept_length: mean exact expected accepted tokens per step.
+        accepted_per_step: accepted draft tokens per step (realised).
+        tau: accepted_per_step + 1, tokens committed per target call.
+        expected_accepted: mean exact expected accepted tokens per step.
         alpha: per-depth acceptance alpha_d for d = 1, 2, ...
         alpha_trials: steps behind each alpha_d (the path reached depth d - 1 and the
             tree had a candidate at depth d).
@@ -115,9 +118,9 @@ class AcceptanceStats:
     drafted_tokens: int
     accepted_tokens: int
     acceptance_rate: float
-    acceptance_length: float
+    accepted_per_step: float
     tau: float
-    expected_accept_length: float
+    expected_accepted: float
     alpha: tuple[float, ...]
     alpha_trials: tuple[int, ...]
     draft_time_s: float
@@ -174,8 +177,8 @@ def summarize_steps(steps: Sequence[StepTrace], *, strategy: str | None = None, 
         n_sequences=n_sequences, n_steps=n,
         new_tokens=new_tokens if new_tokens is not None else sum(r.committed for r in records),
         drafted_tokens=drafted, accepted_tokens=accepted,
-        acceptance_rate=rate, acceptance_length=length, tau=tau,
-        expected_accept_length=sum(s.expected_accept_length for s in steps) / n if n else math.nan,
+        acceptance_rate=rate, accepted_per_step=length, tau=tau,
+        expected_accepted=sum(s.expected_accepted for s in steps) / n if n else math.nan,
         alpha=alpha, alpha_trials=trials,
         draft_time_s=sum(s.draft_time_s for s in steps),
         verify_time_s=sum(s.verify_time_s for s in steps),
@@ -234,7 +237,7 @@ def acceptance_summary(steps: pd.DataFrame, by: Sequence[str]) -> pd.DataFrame:
     """Acceptance numbers per group of step rows (:func:`records_table`).
 
     Columns: ``by`` + ``sequences`` (distinct ``question_id``), ``steps``, ``new_tokens``,
-    ``drafted_tokens``, ``accepted_tokens``, ``acceptance_rate``, ``acceptance_length``,
+    ``drafted_tokens``, ``accepted_tokens``, ``acceptance_rate``, ``accepted_per_step``,
     ``tau`` (:func:`acceptance_numbers`) and ``mean_depth`` (of the verified trees).
     """
     by = list(by)
@@ -247,10 +250,10 @@ def acceptance_summary(steps: pd.DataFrame, by: Sequence[str]) -> pd.DataFrame:
         accepted_tokens=("accepted", "sum"), mean_depth=("depth", "mean")).reset_index()
     numbers = [acceptance_numbers(int(d), int(a), int(n))
                for d, a, n in zip(agg["drafted_tokens"], agg["accepted_tokens"], agg["steps"])]
-    for i, name in enumerate(("acceptance_rate", "acceptance_length", "tau")):
+    for i, name in enumerate(("acceptance_rate", "accepted_per_step", "tau")):
         agg[name] = pd.Series([x[i] for x in numbers], index=agg.index, dtype=float)
     return agg[by + ["sequences", "steps", "new_tokens", "drafted_tokens", "accepted_tokens", "acceptance_rate",
-                     "acceptance_length", "tau", "mean_depth"]]
+                     "accepted_per_step", "tau", "mean_depth"]]
 
 
 def per_depth_table(steps: pd.DataFrame, by: Sequence[str]) -> pd.DataFrame:
@@ -267,3 +270,80 @@ def per_depth_table(steps: pd.DataFrame, by: Sequence[str]) -> pd.DataFrame:
     table = pd.DataFrame(rows, columns=by + ["depth", "trials", "accepted"])
     table["alpha"] = table["accepted"] / table["trials"]
     return table.sort_values(by + ["depth"], kind="stable").reset_index(drop=True)
+
+
+def _check_steps(steps: pd.DataFrame, by: Sequence[str], needed: Sequence[str]) -> list[str]:
+    by = list(by)
+    missing = [c for c in by + list(needed) if c not in steps.columns]
+    if missing:
+        raise ValueError(f"step table lacks columns {missing}; build it with records_table")
+    return by
+
+
+def tau_distribution(steps: pd.DataFrame, by: Sequence[str]) -> pd.DataFrame:
+    """Distribution of tokens per step (accepted + 1, the per-step tau) per group of step rows.
+
+    Columns: ``by`` + ``tokens`` (1, 2, ... up to the group's longest step; counts of 0
+    kept, so histograms show their gaps), ``steps`` (steps with that many tokens),
+    ``share`` (of the group's steps) and ``total_steps``.
+    """
+    by = _check_steps(steps, by, ["accepted"])
+    rows = []
+    for key, group in steps.groupby(by, sort=False):
+        key = key if isinstance(key, tuple) else (key,)
+        counts = (group["accepted"].astype(int) + 1).value_counts()
+        total = int(len(group))
+        for tokens in range(1, int(counts.index.max()) + 1):
+            n = int(counts.get(tokens, 0))
+            rows.append((*key, tokens, n, n / total, total))
+    return pd.DataFrame(rows, columns=by + ["tokens", "steps", "share", "total_steps"])
+
+
+def per_position_acceptance(steps: pd.DataFrame, by: Sequence[str], max_position: int | None = None) -> pd.DataFrame:
+    """Per-position acceptance per group of step rows, as vLLM and llama.cpp report it.
+
+    ``rate`` at draft position ``k`` = share of steps whose ``k``-th draft token was
+    accepted (steps accepting ``k`` or more). Unlike ``alpha_d`` (:func:`per_depth_table`)
+    it is not conditioned on reaching depth ``k - 1``: the product of the alphas up to
+    ``k`` for trees that always offer a candidate.
+
+    Columns: ``by`` + ``draft_position`` (1 ..), ``steps`` (of the group), ``accepted``
+    (steps that accepted a token there), ``rate``.
+    """
+    by = _check_steps(steps, by, ["accepted"])
+    rows = []
+    for key, group in steps.groupby(by, sort=False):
+        key = key if isinstance(key, tuple) else (key,)
+        accepted = group["accepted"].astype(int)
+        deepest = int(accepted.max()) if len(accepted) else 0
+        if max_position is not None:
+            deepest = min(deepest, max_position)
+        for k in range(1, deepest + 1):
+            hits = int((accepted >= k).sum())
+            rows.append((*key, k, int(len(group)), hits, hits / len(group)))
+    return pd.DataFrame(rows, columns=by + ["draft_position", "steps", "accepted", "rate"])
+
+
+def budget_fill(steps: pd.DataFrame, by: Sequence[str], max_new_tokens: int | None = None) -> pd.DataFrame:
+    """How much of its budget a drafter really drafted, per group of step rows with a ``budget`` column.
+
+    ``fill`` = drafted tokens / (steps x budget), over the steps whose room allowed the
+    whole budget (``position + budget < max_new_tokens``: near the end of a generation
+    every replay trims its tree to the tokens left, which says nothing about the
+    drafter). A fill below 1 means the drafter could not fill its budget: a dynamic
+    tree's frontier is narrower than the budget, an n-gram draft found no match.
+
+    Columns: ``by`` + ``eligible_steps``, ``mean_drafted`` (per eligible step), ``fill``
+    (NaN when no step had the room).
+    """
+    by = _check_steps(steps, by, ["drafted", "budget", "position"])
+    room = steps if max_new_tokens is None else steps[steps["position"] + steps["budget"] < max_new_tokens]
+    rows = []
+    for key, group in steps.groupby(by, sort=False):
+        key = key if isinstance(key, tuple) else (key,)
+        part = room.loc[room.index.intersection(group.index)]
+        n = len(part)
+        mean = float(part["drafted"].mean()) if n else math.nan
+        budget = float(group["budget"].iloc[0])
+        rows.append((*key, n, mean, mean / budget if n else math.nan))
+    return pd.DataFrame(rows, columns=by + ["eligible_steps", "mean_drafted", "fill"])

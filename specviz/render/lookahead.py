@@ -20,7 +20,7 @@ import torch
 
 from specviz.draft.lookahead import guesses_of
 from specviz.render.trees import MONO_FONT, STATUS_STYLE, escape_token, figure_title, plot_text, token_text
-from specviz.tree.core import forward_mask
+from specviz.tree.core import forward_mask, path_to
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -90,10 +90,11 @@ def lookahead_mask_figure(step: "StepTrace", *, tokenizer: Any = None, title: st
     fig.update_layout(
         title=figure_title(title or f"lookahead attention mask: 1 root, {n - 1} guess nodes, {s} window tokens\n"
                                     "filled = may attend (every query also sees the committed prefix)"),
-        width=max(420, cell_px * total + 200), height=max(360, cell_px * total + 220),
-        margin=dict(l=130, r=20, t=90, b=130), plot_bgcolor="white",
-        xaxis=dict(tickangle=-60, tickfont=dict(family=MONO_FONT, size=10), title="key"),
-        yaxis=dict(autorange="reversed", tickfont=dict(family=MONO_FONT, size=10), title="query"),
+        autosize=True, height=max(360, cell_px * total + 220),
+        margin=dict(l=130, r=20, t=90, b=130), plot_bgcolor="#FFFFFF",
+        xaxis=dict(tickangle=-60, tickfont=dict(family=MONO_FONT, size=10), title="key", constrain="domain"),
+        yaxis=dict(autorange="reversed", tickfont=dict(family=MONO_FONT, size=10), title="query",
+                   scaleanchor="x", constrain="domain"),
     )
     return fig
 
@@ -103,8 +104,9 @@ def lookahead_step_figure(step: "StepTrace", *, tokenizer: Any = None, title: st
 
     Rows from the top: the window's levels (grey: tokens of the Jacobi iteration, never
     committed), then every guess the pool offered for the root (green = accepted, red =
-    the token the target refused, light grey = not reached), then the tokens the step
-    committed (its accepted guess tokens and the bonus token).
+    the token the target refused, sky blue = not chosen: not tried because another
+    guess's token was accepted at that position, light grey = not reached), then the
+    tokens the step committed (its accepted guess tokens and the bonus token).
     """
     import plotly.graph_objects as go
 
@@ -128,14 +130,21 @@ def lookahead_step_figure(step: "StepTrace", *, tokenizer: Any = None, title: st
                 rows.append(row)
             put(int(side.offsets[j]), row, int(side.tokens[j]), "#777777", "window token")
     guesses = guesses_of(step)
-    for g, guess in enumerate(guesses, start=1):
+    # guesses_of lists one guess per leaf, in leaf order: the tree nodes behind each token
+    inner = set(tree.parents.tolist())
+    leaves = [i for i in range(1, tree.n_nodes) if i not in inner]
+    tried = acc.tried.tolist()
+    for g, (guess, leaf) in enumerate(zip(guesses, leaves), start=1):
         row = f"guess {g}"
         rows.append(row)
+        path = path_to(tree, leaf)[1:]
         for k, token in enumerate(guess["tokens"]):
             if k < guess["accepted"]:
                 status, what = "accepted", "accepted"
-            elif k == guess["accepted"]:
+            elif k == guess["accepted"] and tried[path[k]]:
                 status, what = "rejected", "refused by the target"
+            elif k == guess["accepted"]:
+                status, what = "not chosen", "not tried: another guess's token was accepted here"
             else:
                 status, what = "never reached", "not reached"
             put(k + 1, row, token, STATUS_STYLE[status].color, what)
@@ -148,8 +157,8 @@ def lookahead_step_figure(step: "StepTrace", *, tokenizer: Any = None, title: st
     fig = go.Figure(go.Scatter(x=xs, y=ys, mode="text", text=texts, textfont=dict(family=MONO_FONT, size=13,
                                                                                    color=colors),
                                hovertext=hovers, hoverinfo="text", showlegend=False))
-    for status, name in (("accepted", "accepted"), ("rejected", "refused"), ("never reached", "not reached"),
-                         ("bonus", "bonus")):
+    for status, name in (("accepted", "accepted"), ("rejected", "refused"), ("not chosen", "not chosen"),
+                         ("never reached", "not reached"), ("bonus", "bonus")):
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name,
                                  marker=dict(color=STATUS_STYLE[status].color, size=10, symbol="square")))
     fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name="window (not committed)",
@@ -160,8 +169,8 @@ def lookahead_step_figure(step: "StepTrace", *, tokenizer: Any = None, title: st
         title=figure_title(title or f"lookahead step {step.step}: {len(guesses)} guesses, "
                                     f"{n_acc} token{'s' if n_acc != 1 else ''} accepted + bonus\n"
                                     f"{step.side_tokens} window tokens and {tree.n_nodes} tree nodes in one forward"),
-        height=max(260, 34 * len(rows) + 170), width=max(520, 70 * (reach + 1) + 200),
-        margin=dict(l=130, r=20, t=90, b=50), plot_bgcolor="white",
+        height=max(260, 34 * len(rows) + 170), autosize=True,
+        margin=dict(l=130, r=20, t=90, b=50), plot_bgcolor="#FFFFFF",
         xaxis=dict(title="position after the root", dtick=1, range=[-0.6, reach + 0.6], zeroline=False),
         yaxis=dict(categoryorder="array", categoryarray=rows[::-1], tickfont=dict(size=12)),
         legend=dict(orientation="h", y=-0.15),

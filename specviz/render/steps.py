@@ -62,7 +62,7 @@ def committed_tokens(result: "GenerationResult") -> tuple[CommittedToken, ...]:
     out: list[CommittedToken] = []
     for s, step in enumerate(result.steps):
         acc = step.acceptance
-        kinds = ["drafted"] * acc.accept_length + ["bonus"]
+        kinds = ["drafted"] * acc.n_accepted + ["bonus"]
         for tok, kind in zip(acc.committed_tokens, kinds):
             if len(out) == len(output):
                 return tuple(out)
@@ -85,7 +85,7 @@ def representative_step(result: "GenerationResult") -> int:
     if not result.steps:
         raise ValueError("the generation has no speculative steps to show")
     return max(range(len(result.steps)),
-               key=lambda s: (result.steps[s].acceptance.accept_length, result.steps[s].tree.n_nodes, -s))
+               key=lambda s: (result.steps[s].acceptance.n_accepted, result.steps[s].tree.n_nodes, -s))
 
 
 def _wrap(labels: Sequence[str], texts: Sequence[str], line_chars: int) -> list[tuple[int, int]]:
@@ -111,7 +111,11 @@ def step_view_figure(result: "GenerationResult", *, tokenizer: Any = None,
     committed it (neighbouring steps always differ); accepted draft tokens are plain,
     bonus tokens (added by the target) bold on a darker outline. Bottom: per step, the
     accepted draft tokens (bar) plus the bonus token (hatched), i.e. tau, and the exact
-    expected acceptance length (diamond).
+    expected accepted draft tokens (diamond).
+
+    The figure takes its container's width and ``line_chars`` characters fill one text
+    line, so the 13 px token text fits its boxes from about ``8.2 * line_chars + 90`` px
+    (680 px for the default 72); pass a smaller ``line_chars`` for narrower pages.
 
     Args:
         result: a :class:`~specviz.decode.GenerationResult`.
@@ -167,16 +171,23 @@ def step_view_figure(result: "GenerationResult", *, tokenizer: Any = None,
     steps = list(range(n_steps))
     colors = [_STEP_COLORS[s % len(_STEP_COLORS)] for s in steps]
     outline = [3 if s == highlight_step else 0.5 for s in steps]
-    fig.add_trace(go.Bar(x=steps, y=[st.acceptance.accept_length for st in result.steps],
+    fig.add_trace(go.Bar(x=steps, y=[st.acceptance.n_accepted for st in result.steps],
                          marker=dict(color=colors, line=dict(color="#000000", width=outline)),
                          name="accepted draft tokens",
                          hovertemplate="step %{x}: %{y} accepted<extra></extra>"), row=2, col=1)
-    fig.add_trace(go.Bar(x=steps, y=[1] * n_steps,
-                         marker=dict(color=colors, pattern=dict(shape="/", fgcolor="#000000"),
-                                     line=dict(color="#000000", width=outline)),
-                         name="bonus token", hovertemplate="step %{x}: +1 bonus<extra></extra>"),
-                  row=2, col=1)
-    fig.add_trace(go.Scatter(x=steps, y=[st.expected_accept_length for st in result.steps],
+    # Hatched bars with one colour per bar make plotly.js warn about invalid colours, so
+    # the bonus bars are one trace per step colour, shown in the legend once.
+    for k, color in enumerate(_STEP_COLORS):
+        mine = [s for s in steps if s % len(_STEP_COLORS) == k]
+        if not mine:
+            continue
+        fig.add_trace(go.Bar(x=mine, y=[1] * len(mine),
+                             marker=dict(color=color, pattern=dict(shape="/", fgcolor="#000000"),
+                                         line=dict(color="#000000", width=[outline[s] for s in mine])),
+                             name="bonus token", legendgroup="bonus token", showlegend=k == 0,
+                             hovertemplate="step %{x}: +1 bonus<extra></extra>"),
+                      row=2, col=1)
+    fig.add_trace(go.Scatter(x=steps, y=[st.expected_accepted for st in result.steps],
                              mode="markers", marker=dict(symbol="diamond", color="#000000", size=8),
                              name="expected accepted (exact)",
                              hovertemplate="step %{x}: expected %{y:.3f}<extra></extra>"), row=2, col=1)
@@ -185,14 +196,12 @@ def step_view_figure(result: "GenerationResult", *, tokenizer: Any = None,
         from specviz.metrics.acceptance import summarize_steps
 
         stats = summarize_steps(result.steps, new_tokens=len(toks))
-        title = (f"{len(toks)} tokens in {n_steps} steps · acceptance length "
-                 f"{stats.acceptance_length:.3f} · tau {stats.tokens_per_step:.3f} · "
+        title = (f"{len(toks)} tokens in {n_steps} steps · accepted per step "
+                 f"{stats.accepted_per_step:.3f} · tau {stats.tokens_per_step:.3f} · "
                  f"acceptance rate {stats.acceptance_rate:.3f}")
-    char_px = 8.2  # width of one character of the 13 px monospace font
     fig.update_layout(
-        title=figure_title(title), barmode="stack",
-        width=int(max(520, char_px * line_chars + 140)), height=int(text_h + bars_h + 160),
-        margin=dict(l=60, r=30, t=90, b=130), plot_bgcolor="white", paper_bgcolor="white",
+        title=figure_title(title), barmode="stack", autosize=True, height=int(text_h + bars_h + 160),
+        margin=dict(l=60, r=30, t=90, b=130), plot_bgcolor="#FFFFFF", paper_bgcolor="#FFFFFF",
         legend=dict(orientation="h", yanchor="top", y=-0.12, xanchor="left", x=0.0),
     )
     fig.update_xaxes(visible=False, range=[-0.5, line_chars + 0.5], row=1, col=1)
@@ -211,9 +220,9 @@ def stats_html(result: "GenerationResult", step: int | None = None) -> str:
     rows = [
         ("tokens · steps", f"{stats.new_tokens} in {stats.n_steps} steps (stop: {result.stop_reason})"),
         ("drafter · verifier", f"{html.escape(result.drafter)} · {html.escape(result.verifier)}"),
-        ("acceptance length (accepted / step)", f"{stats.acceptance_length:.3f}"),
+        ("accepted per step (tau - 1)", f"{stats.accepted_per_step:.3f}"),
         ("tau (tokens / target call)", f"{stats.tau:.3f}"),
-        ("expected acceptance length (exact)", f"{stats.expected_accept_length:.3f}"),
+        ("expected accepted per step (exact)", f"{stats.expected_accepted:.3f}"),
         ("acceptance rate (accepted / drafted)",
          f"{stats.acceptance_rate:.3f} ({stats.accepted_tokens} / {stats.drafted_tokens})"),
         ("wall time", f"{result.wall_s:.3f} s ({stats.tokens_per_second:.1f} tokens/s)"),
@@ -226,7 +235,7 @@ def stats_html(result: "GenerationResult", step: int | None = None) -> str:
         tables.append((f"step {step}", [
             ("draft nodes · depth", f"{st.tree.budget} · {st.tree.depth}"),
             ("accepted (expected)",
-             f"{st.acceptance.accept_length} ({st.expected_accept_length:.3f}) + 1 bonus"),
+             f"{st.acceptance.n_accepted} ({st.expected_accepted:.3f}) + 1 bonus"),
             ("draft · verify time", f"{1000 * st.draft_time_s:.1f} ms · {1000 * st.verify_time_s:.1f} ms"),
         ]))
     cell = "padding:1px 1em 1px 0;text-align:left"

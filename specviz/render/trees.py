@@ -9,16 +9,24 @@ with the same code (whole generations: :mod:`specviz.render.steps`; files:
   bonus token), the single place where statuses, labels and per-node numbers are
   worked out;
 * :func:`to_networkx` - that information as a ``networkx.DiGraph``;
+* :func:`collapse_untried` - which untried nodes a large tree's picture folds into "+N" nodes;
 * :func:`tree_figure` / :func:`step_tree_figure` - the draft tree drawn with the tidy
-  layout of :mod:`specviz.render.layout`, nodes coloured by status, accepted path emphasised;
+  layout of :mod:`specviz.render.layout`, nodes coloured by status, accepted path
+  emphasised, filling the width of its notebook cell or page;
 * :func:`mask_figure` - the tree-attention mask as a heatmap labelled by node.
 
 Node statuses (:data:`STATUSES`): ``root`` (the last committed token), ``accepted``
 (on the accepted path), ``bonus`` (the token the target adds after the accepted path;
 not a node of the draft tree, drawn as an extra child of the last accepted node),
-``rejected`` (tried by the verifier and refused), ``never reached`` (never tried: its
-parent was not reached, or a sibling tried before it was accepted) and ``drafted`` (a
-tree shown without a verification result).
+``rejected`` (tried by the verifier and refused), ``not chosen`` (not tried although its
+parent was reached - the root or an accepted node: e.g. the siblings after the accepted
+child under greedy verification, which stops at the first match), ``never reached``
+(not tried because its parent was never accepted: everything below a rejected or
+untried node) and ``drafted`` (a tree shown without a verification result).
+
+Every text that reaches plotly (labels, hovers, titles, tick labels) goes through
+:func:`plot_text`, so token text is shown as it is: quotes stay quotes and ``<b>`` is
+not read as markup.
 
 Dimension legend: N = draft-tree nodes including the root, P = committed prefix length.
 """
@@ -48,9 +56,14 @@ __all__ = [
     "STATUS_STYLE",
     "StatusStyle",
     "NodeInfo",
+    "CollapsedNodes",
+    "COLLAPSE_ABOVE",
+    "COLLAPSED_STYLE",
     "escape_token",
     "token_text",
     "tree_nodes",
+    "collapse_untried",
+    "UNTRIED",
     "to_networkx",
     "tree_figure",
     "step_tree_figure",
@@ -59,7 +72,9 @@ __all__ = [
     "plot_text",
 ]
 
-STATUSES: tuple[str, ...] = ("root", "accepted", "bonus", "rejected", "never reached", "drafted")
+STATUSES: tuple[str, ...] = ("root", "accepted", "bonus", "rejected", "not chosen", "never reached", "drafted")
+#: the statuses of nodes the verifier never tried
+UNTRIED: tuple[str, ...] = ("not chosen", "never reached")
 
 
 @dataclass(frozen=True)
@@ -78,9 +93,14 @@ STATUS_STYLE: dict[str, StatusStyle] = {
     "accepted": StatusStyle("#009E73", "circle", 20),
     "bonus": StatusStyle("#E69F00", "star", 22),
     "rejected": StatusStyle("#D55E00", "x", 14),
+    "not chosen": StatusStyle("#56B4E9", "diamond-open", 14),
     "never reached": StatusStyle("#999999", "circle-open", 13),
     "drafted": StatusStyle("#0072B2", "circle", 15),
 }
+#: how a "+N" node (untried nodes folded into one, see :func:`collapse_untried`) is drawn
+COLLAPSED_STYLE = StatusStyle("#777777", "square-open", 16)
+#: :func:`tree_figure` folds untried subtrees of trees with more nodes than this (root included)
+COLLAPSE_ABOVE = 40
 _PATH_COLOR = STATUS_STYLE["accepted"].color
 _EDGE_COLOR = "#BBBBBB"
 MONO_FONT = "DejaVu Sans Mono, Menlo, Consolas, monospace"
@@ -176,17 +196,18 @@ def _check_acceptance(acceptance: "Acceptance", n: int) -> None:
 def tree_nodes(tree: DraftTree | TreeShape, acceptance: "Acceptance | None" = None, *,
                tokenizer: Any = None,
                target_probs: "torch.Tensor | Sequence[float] | None" = None,
-               max_label_chars: int = 12) -> tuple[NodeInfo, ...]:
+               max_label_chars: int | None = 12) -> tuple[NodeInfo, ...]:
     """Per-node information of a draft tree, plus the bonus node when ``acceptance`` is given.
 
     Args:
         tree: a draft tree, or a tree shape (drawn with rank labels, no tokens).
         acceptance: the verifier's result for this tree; without it every draft node has
-            status ``drafted``.
+            status ``drafted``. With it, untried nodes are ``not chosen`` when their parent
+            is the root or accepted and ``never reached`` otherwise.
         tokenizer: decodes token ids into labels (labels are ``#id`` without one).
         target_probs: ``(N,)`` target probability of each node's token at its parent
             (``StepTrace.target_token_probs``).
-        max_label_chars: labels longer than this are cut.
+        max_label_chars: labels longer than this are cut (None: never).
 
     Returns:
         ``N`` (or ``N + 1`` with the bonus node) :class:`NodeInfo` in node order.
@@ -223,8 +244,10 @@ def tree_nodes(tree: DraftTree | TreeShape, acceptance: "Acceptance | None" = No
         _check_acceptance(acceptance, n)
         accepted = set(acceptance.accepted_nodes)
         tried = acceptance.tried.tolist()
+        reached = accepted | {0}  # nodes whose children the verifier could try
         status = ["root"] + [
-            "accepted" if i in accepted else "rejected" if tried[i] else "never reached"
+            "accepted" if i in accepted else "rejected" if tried[i]
+            else "not chosen" if parents[i] in reached else "never reached"
             for i in range(1, n)
         ]
         accept_prob = _optional_floats("node_accept_prob", acceptance.node_accept_prob, n)
@@ -248,6 +271,78 @@ def tree_nodes(tree: DraftTree | TreeShape, acceptance: "Acceptance | None" = No
 
 def _on_accepted_path(nodes: Sequence[NodeInfo]) -> set[int]:
     return {v.index for v in nodes if v.status in ("root", "accepted", "bonus")}
+
+
+@dataclass(frozen=True)
+class CollapsedNodes:
+    """Untried nodes that a picture folds into one "+N" node under a tried node.
+
+    Attributes:
+        parent: index of the node they hang from (the root, an accepted or a rejected node).
+        members: indices of the hidden nodes, in node order (N = ``len(members)``).
+        not_chosen: how many of them are ``not chosen`` (the rest are ``never reached``).
+        labels: the labels of the hidden children of ``parent``, in node order.
+    """
+
+    parent: int
+    members: tuple[int, ...]
+    not_chosen: int
+    labels: tuple[str, ...]
+
+    @property
+    def size(self) -> int:
+        """N, the number of hidden nodes."""
+        return len(self.members)
+
+
+def collapse_untried(nodes: Sequence[NodeInfo], min_size: int = 2
+                     ) -> tuple[tuple[NodeInfo, ...], tuple[CollapsedNodes, ...]]:
+    """Fold the untried parts of a verified tree into "+N" nodes.
+
+    Under every tried node (the root, accepted and rejected nodes), the untried children
+    and everything below them - subtrees that hold no tried node - become one
+    :class:`CollapsedNodes` if they are at least ``min_size`` nodes. The accepted path,
+    the bonus node and every tried node always stay.
+
+    Args:
+        nodes: :func:`tree_nodes` of a tree with an acceptance.
+        min_size: the smallest group worth folding (>= 1; 2 keeps single untried leaves).
+
+    Returns:
+        ``(kept, groups)``: the nodes still drawn, in node order, and the groups, in the
+        order of their parents.
+
+    Raises:
+        ValueError: if ``nodes`` carry no verification result (no node is accepted,
+            rejected or untried, only ``drafted``), or ``min_size`` < 1.
+    """
+    if isinstance(min_size, bool) or not isinstance(min_size, int) or min_size < 1:
+        raise ValueError(f"min_size must be an int >= 1, got {min_size!r}")
+    if any(v.status == "drafted" for v in nodes):
+        raise ValueError("only a verified tree can be collapsed: these nodes carry no acceptance "
+                         "(status 'drafted'), so nothing was tried")
+    children: list[list[int]] = [[] for _ in nodes]
+    for v in nodes[1:]:
+        children[v.parent].append(v.index)
+    hidden: set[int] = set()
+    groups: list[CollapsedNodes] = []
+    for v in nodes:
+        if v.status not in ("root", "accepted", "rejected"):
+            continue
+        heads = [c for c in children[v.index] if nodes[c].status in UNTRIED]
+        members, stack = [], list(heads)
+        while stack:
+            u = stack.pop()
+            members.append(u)
+            stack.extend(children[u])
+        if len(members) >= min_size:
+            members.sort()
+            hidden.update(members)
+            groups.append(CollapsedNodes(
+                parent=v.index, members=tuple(members),
+                not_chosen=sum(nodes[u].status == "not chosen" for u in members),
+                labels=tuple(nodes[c].label for c in heads)))
+    return tuple(v for v in nodes if v.index not in hidden), tuple(groups)
 
 
 def to_networkx(tree: DraftTree | TreeShape, acceptance: "Acceptance | None" = None, *,
@@ -281,8 +376,18 @@ def _fmt(value: float | None) -> str:
 
 
 def plot_text(text: str) -> str:
-    """``text`` made safe for plotly's text, labels and hovers: ``&``, ``<`` and ``>`` become
-    entities, quotes stay as they are (plotly draws ``&quot;`` and ``&#x27;`` literally)."""
+    """``text`` made safe for plotly's text, labels, hovers, titles and tick labels.
+
+    plotly reads its text as a small HTML subset, decodes only a few entities (``&amp;``,
+    ``&lt;``, ``&gt;`` and numeric ones) and draws any other, such as ``&quot;``, as
+    written. So ``&``, ``<`` and ``>`` become entities (a token ``<b>`` is shown, not
+    obeyed) and quotes stay characters.
+
+    Raises:
+        TypeError: ``text`` is not a str.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"plot text must be a str, got {type(text).__name__}")
     return html.escape(text, quote=False)
 
 
@@ -310,6 +415,17 @@ def _hover(v: NodeInfo) -> str:
     return "<br>".join(lines)
 
 
+def _group_hover(g: CollapsedNodes, parent: NodeInfo) -> str:
+    shown = ", ".join(plot_text(_label(label, 12)) for label in g.labels[:8]) + (" …" if len(g.labels) > 8 else "")
+    below = f"below node {g.parent} ({plot_text(parent.label)}, {parent.status})"
+    return "<br>".join([
+        f"<b>+{g.size} untried nodes</b> {below}",
+        f"{g.not_chosen} not chosen · {g.size - g.not_chosen} never reached",
+        f"children: {shown}",
+        "draw with collapse=False to see them",
+    ])
+
+
 def _edge_xy(pairs: Sequence[tuple[int, int]], x: Sequence[float], y: Sequence[float]):
     xs: list[float | None] = []
     ys: list[float | None] = []
@@ -319,42 +435,107 @@ def _edge_xy(pairs: Sequence[tuple[int, int]], x: Sequence[float], y: Sequence[f
     return xs, ys
 
 
+# Sizing of tree figures: markers and labels are planned for a plot this wide (px); the
+# figure itself fills its container, so on a wider page there is more room.
+_MARGIN_X = 30
+_FULL_SIZE_PX = 56  # px per node column from which markers and labels are drawn full size
+_CHAR_EM = 0.62     # width of a monospace character, in font sizes
+
+
+def _sizing(columns: float, width_hint: int) -> dict:
+    """Marker scale, font size, label position and label length for a tree whose
+    widest extent is ``columns`` node spacings, drawn about ``width_hint`` px wide."""
+    pad = 0.6
+    plot_px = width_hint - 2 * _MARGIN_X
+    right = columns + 2 * pad + 1.0  # x units with labels right of their nodes
+    px_per_unit = plot_px / right
+    if px_per_unit >= _FULL_SIZE_PX:  # roomy: labels right of the nodes, full size
+        font = 12
+        chars = int((px_per_unit - 14) / (_CHAR_EM * font))
+        return dict(scale=1.0, font=font, position="middle right", chars=max(2, min(chars, 16)),
+                    x_range=(-pad, columns + pad + 1.0))
+    px_per_unit = plot_px / (columns + 2 * pad)  # crowded: labels under the nodes
+    scale = max(0.4, min(1.0, px_per_unit / _FULL_SIZE_PX))
+    font = max(8, min(12, int(px_per_unit / 3.2)))
+    chars = int((px_per_unit - 2) / (_CHAR_EM * font))
+    return dict(scale=scale, font=font, position="bottom center", chars=chars if chars >= 2 else 0,
+                x_range=(-pad, columns + pad))
+
+
+def _label(label: str, chars: int) -> str:
+    if chars == 0:
+        return ""
+    return label if len(label) <= chars else label[: max(1, chars - 1)] + "…"
+
+
 def tree_figure(tree: DraftTree | TreeShape, acceptance: "Acceptance | None" = None, *,
                 tokenizer: Any = None,
                 target_probs: "torch.Tensor | Sequence[float] | None" = None,
-                title: str | None = None, unit_px: int = 80, row_px: int = 80) -> "go.Figure":
+                title: str | None = None, collapse: bool | None = None,
+                width_hint: int = 900, row_px: int = 80) -> "go.Figure":
     """Draw a draft tree: tidy layout, nodes coloured by status, accepted path emphasised.
 
-    One marker trace per status present (so the legend lists exactly those), labels are
-    the decoded tokens with visible whitespace (cut to fit; the hover has them whole), and hovering a node shows its rank, q,
-    p, acceptance probability and depth. The figure grows with the tree (``unit_px``
-    per node column, ``row_px`` per depth) instead of squeezing it, and opens in pan
-    mode, so wide trees scroll and zoom rather than blur.
+    One marker trace per status present (so the legend lists exactly those); labels are
+    the decoded tokens with visible whitespace, cut to fit (the hover has them whole),
+    and hovering a node shows its rank, q, p, acceptance probability and depth.
+
+    The figure fills the width of its container (a notebook cell, an HTML page) and
+    grows ``row_px`` per depth. Large verified trees stay readable: with ``collapse``
+    the untried subtrees are folded into "+N" nodes (:func:`collapse_untried`; hover one
+    for what it holds), while the accepted path, the bonus token and every tried node
+    stay. Where a row is still crowded, markers and fonts shrink and labels move under
+    their nodes (or, with no room at all, are left to the hover). The figure opens in pan
+    mode with scroll zoom for a closer look.
 
     Args:
         tree, acceptance, tokenizer, target_probs: as in :func:`tree_nodes`.
         title: figure title (default: node counts and the accepted length).
-        unit_px: pixels between neighbouring nodes on a row.
+        collapse: fold untried subtrees into "+N" nodes; None (default) folds them when
+            the tree has more than :data:`COLLAPSE_ABOVE` nodes and an acceptance is
+            given, False draws every node.
+        width_hint: the width (px) marker and label sizes are planned for; the figure
+            itself always takes its container's width.
         row_px: pixels between rows.
 
     Returns:
         A ``plotly.graph_objects.Figure``.
+
+    Raises:
+        ValueError: ``collapse=True`` without an acceptance (nothing was tried, so
+            nothing can be told apart), or ``width_hint`` / ``row_px`` out of range.
     """
     import plotly.graph_objects as go
 
-    # labels sit right of their node, so they must fit in the gap to the next one
+    if isinstance(width_hint, bool) or not isinstance(width_hint, int) or width_hint < 200:
+        raise ValueError(f"width_hint must be an int >= 200 (px), got {width_hint!r}")
+    if isinstance(row_px, bool) or not isinstance(row_px, int) or row_px < 20:
+        raise ValueError(f"row_px must be an int >= 20 (px), got {row_px!r}")
+    if collapse and acceptance is None:
+        raise ValueError("collapse=True needs an acceptance: without one no node was tried, "
+                         "so there are no untried subtrees to fold")
     nodes = tree_nodes(tree, acceptance, tokenizer=tokenizer, target_probs=target_probs,
-                       max_label_chars=max(2, (unit_px - 24) // 7))
-    lay = tidy_layout([v.parent for v in nodes])
+                       max_label_chars=None)
+    if collapse is None:
+        collapse = acceptance is not None and len(nodes) - 1 > COLLAPSE_ABOVE
+    kept, groups = collapse_untried(nodes) if collapse else (nodes, ())
+
+    # layout of what is drawn: kept nodes (in node order), then one "+N" node per group
+    where = {v.index: k for k, v in enumerate(kept)}
+    parents = [-1] + [where[v.parent] for v in kept[1:]] + [where[g.parent] for g in groups]
+    lay = tidy_layout(parents)
     x, y = lay.x, lay.y
+    size = _sizing(lay.width, width_hint)
     on_path = _on_accepted_path(nodes) if acceptance is not None else set()
 
     fig = go.Figure()
-    other = [(v.parent, v.index) for v in nodes[1:] if v.index not in on_path]
-    path = [(v.parent, v.index) for v in nodes[1:] if v.index in on_path and v.status != "bonus"]
-    bonus = [(v.parent, v.index) for v in nodes[1:] if v.status == "bonus"]
+    other = [(where[v.parent], where[v.index]) for v in kept[1:] if v.index not in on_path]
+    path = [(where[v.parent], where[v.index]) for v in kept[1:]
+            if v.index in on_path and v.status != "bonus"]
+    bonus = [(where[v.parent], where[v.index]) for v in kept[1:] if v.status == "bonus"]
+    folded = [(where[g.parent], len(kept) + k) for k, g in enumerate(groups)]
     for pairs, name, line in (
         (other, "draft edges", dict(color=_EDGE_COLOR, width=1.2)),
+        (folded, "collapsed edges", dict(color=_EDGE_COLOR, width=1.2, dash="dot")),
         (path, "accepted path", dict(color=_PATH_COLOR, width=5)),
         (bonus, "bonus edge", dict(color=STATUS_STYLE["bonus"].color, width=3, dash="dot")),
     ):
@@ -362,52 +543,72 @@ def tree_figure(tree: DraftTree | TreeShape, acceptance: "Acceptance | None" = N
             ex, ey = _edge_xy(pairs, x, y)
             fig.add_trace(go.Scatter(x=ex, y=ey, mode="lines", line=line, name=name,
                                      hoverinfo="skip", showlegend=name == "accepted path"))
+    textfont = dict(family=MONO_FONT, size=size["font"], color="#222222")
     for status in STATUSES:
-        members = [v for v in nodes if v.status == status]
+        members = [v for v in kept if v.status == status]
         if not members:
             continue
         style = STATUS_STYLE[status]
+        is_open = style.symbol.endswith("-open")
         fig.add_trace(go.Scatter(
-            x=[x[v.index] for v in members], y=[-y[v.index] for v in members],
+            x=[x[where[v.index]] for v in members], y=[-y[where[v.index]] for v in members],
             mode="markers+text", name=status,
-            text=[plot_text(v.label) for v in members], textposition="middle right",
-            textfont=dict(family=MONO_FONT, size=12, color="#222222"),
-            marker=dict(color=style.color, symbol=style.symbol, size=style.size,
-                        line=dict(color="#FFFFFF" if status != "never reached" else style.color,
-                                  width=1.5 if status != "never reached" else 2)),
+            text=[plot_text(_label(v.label, size["chars"])) for v in members],
+            textposition=size["position"], textfont=textfont,
+            marker=dict(color=style.color, symbol=style.symbol,
+                        size=max(5, round(style.size * size["scale"])),
+                        line=dict(color=style.color if is_open else "#FFFFFF", width=2 if is_open else 1.5)),
             hovertext=[_hover(v) for v in members], hoverinfo="text",
             customdata=[v.index for v in members],
+        ))
+    if groups:
+        fig.add_trace(go.Scatter(
+            x=[x[len(kept) + k] for k in range(len(groups))],
+            y=[-y[len(kept) + k] for k in range(len(groups))],
+            mode="markers+text", name="+N untried nodes (collapsed)",
+            text=[f"+{g.size}" for g in groups], textposition=size["position"], textfont=textfont,
+            marker=dict(color=COLLAPSED_STYLE.color, symbol=COLLAPSED_STYLE.symbol,
+                        size=max(5, round(COLLAPSED_STYLE.size * size["scale"])),
+                        line=dict(color=COLLAPSED_STYLE.color, width=2)),
+            hovertext=[_group_hover(g, nodes[g.parent]) for g in groups], hoverinfo="text",
+            customdata=[g.parent for g in groups],
         ))
 
     if title is None:
         title = f"draft tree: {len([v for v in nodes if v.status not in ('root', 'bonus')])} draft nodes"
         if acceptance is not None:
-            title += f"\n{acceptance.accept_length} accepted + 1 bonus (tau {acceptance.tau})"
-    pad, label_pad = 0.6, 1.0  # x units around the nodes; the right side also holds a label
-    width = max(480, int(unit_px * (lay.width + pad + label_pad)) + 60)
-    height = max(300, int(row_px * (lay.depth + 1)) + 190)
+            title += f"\n{acceptance.n_accepted} accepted + 1 bonus (tau {acceptance.tau})"
+    if groups:
+        hidden = sum(g.size for g in groups)
+        title += (f"\n{hidden} untried nodes shown as {len(groups)} “+N” node"
+                  f"{'s' if len(groups) != 1 else ''} (hover one, or draw with collapse=False)")
+    if size["chars"] == 0:
+        title += "\ntoo many nodes per row for labels: hover a node for its token"
+    n_sub = title.count("\n")
+    height = max(300, row_px * (lay.depth + 1) + 170 + 20 * n_sub)
     # title on top, legend below the tree: neither can cover the other however narrow the figure
     fig.update_layout(
-        title=figure_title(title),
-        width=width, height=height, margin=dict(l=30, r=30, t=80, b=110),
-        plot_bgcolor="white", paper_bgcolor="white", dragmode="pan", hovermode="closest",
+        title=figure_title(title), autosize=True,
+        height=height, margin=dict(l=_MARGIN_X, r=_MARGIN_X, t=70 + 20 * n_sub, b=110),
+        plot_bgcolor="#FFFFFF", paper_bgcolor="#FFFFFF", dragmode="pan", hovermode="closest",
         legend=dict(orientation="h", yanchor="top", y=-0.02, xanchor="left", x=0.0),
-        xaxis=dict(visible=False, range=[-pad, lay.width + label_pad]),
-        yaxis=dict(visible=False, range=[-lay.depth - pad, 0.8]),
+        xaxis=dict(visible=False, range=list(size["x_range"])),
+        yaxis=dict(visible=False, range=[-lay.depth - 0.6, 0.8]),
     )
     return fig
 
 
-def step_tree_figure(step: "StepTrace", *, tokenizer: Any = None, title: str | None = None) -> "go.Figure":
+def step_tree_figure(step: "StepTrace", *, tokenizer: Any = None, title: str | None = None,
+                     collapse: bool | None = None) -> "go.Figure":
     """:func:`tree_figure` of one engine step (tree, acceptance and target probabilities)."""
     if title is None:
         acc = step.acceptance
-        expected = step.expected_accept_length
+        expected = step.expected_accepted
         expected = "" if math.isnan(expected) else f" (expected {expected:.3f})"
         title = (f"step {step.step} · {step.drafter}\n{step.tree.budget} draft nodes, depth "
-                 f"{step.tree.depth} · accepted {acc.accept_length}{expected} · tau {acc.tau}")
+                 f"{step.tree.depth} · accepted {acc.n_accepted}{expected} · tau {acc.tau}")
     return tree_figure(step.tree, step.acceptance, tokenizer=tokenizer,
-                       target_probs=step.target_token_probs, title=title)
+                       target_probs=step.target_token_probs, title=title, collapse=collapse)
 
 
 def mask_figure(tree: DraftTree, *, tokenizer: Any = None, prefix_len: int = 0,
@@ -422,7 +623,9 @@ def mask_figure(tree: DraftTree, *, tokenizer: Any = None, prefix_len: int = 0,
         tokenizer: decodes the node labels.
         prefix_len: how many committed prefix columns to show (>= 0).
         title: figure title.
-        cell_px: pixel size of one cell.
+        cell_px: pixel size of one cell; sets the figure's height. Cells stay square: in a
+            container narrower than the mask needs they shrink, in a wider one the mask
+            keeps its size.
     """
     import plotly.graph_objects as go
 
@@ -439,13 +642,15 @@ def mask_figure(tree: DraftTree, *, tokenizer: Any = None, prefix_len: int = 0,
         colorscale=[[0.0, "#F4F4F4"], [0.5, "#F4F4F4"], [0.5, "#0072B2"], [1.0, "#0072B2"]],
         showscale=False, xgap=1, ygap=1, hovertext=hover, hoverinfo="text",
     ))
-    n_rows, n_cols = len(rows), len(cols)
+    n_rows = len(rows)
     fig.update_layout(
         title=figure_title(title or f"tree attention mask: {n_rows} nodes, prefix {prefix_len}\n"
                               "filled = may attend"),
-        width=max(360, cell_px * n_cols + 180), height=max(300, cell_px * n_rows + 200),
-        margin=dict(l=120, r=20, t=90, b=120), plot_bgcolor="white",
-        xaxis=dict(side="bottom", tickangle=-60, tickfont=dict(family=MONO_FONT, size=11), title="key"),
-        yaxis=dict(autorange="reversed", tickfont=dict(family=MONO_FONT, size=11), title="query node"),
+        autosize=True, height=max(300, cell_px * n_rows + 200),
+        margin=dict(l=120, r=20, t=90, b=120), plot_bgcolor="#FFFFFF",
+        xaxis=dict(side="bottom", tickangle=-60, tickfont=dict(family=MONO_FONT, size=11), title="key",
+                   constrain="domain"),
+        yaxis=dict(autorange="reversed", tickfont=dict(family=MONO_FONT, size=11), title="query node",
+                   scaleanchor="x", constrain="domain"),
     )
     return fig

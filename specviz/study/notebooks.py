@@ -7,7 +7,7 @@ from pathlib import Path
 
 from specviz.study.store import atomic_write_text
 
-__all__ = ["clean_notebook", "export_html"]
+__all__ = ["clean_notebook", "export_html", "notebook_title"]
 
 
 def clean_notebook(path: str | Path) -> Path:
@@ -53,13 +53,27 @@ _NO_REQUIREJS_TEMPLATE = (
 )
 
 
-def export_html(notebook: str | Path, dest: str | Path, *, hide_code: bool = False) -> Path:
+def notebook_title(nb) -> str | None:
+    """The text of a notebook's first level-1 Markdown heading (``# 03 · Chain vs tree``),
+    or None when it has none."""
+    for cell in nb.cells:
+        if cell.cell_type != "markdown":
+            continue
+        for line in str(cell.source).splitlines():
+            if line.startswith("# "):
+                return line[2:].strip() or None
+    return None
+
+
+def export_html(notebook: str | Path, dest: str | Path, *, hide_code: bool = False, title: str | None = None) -> Path:
     """Export an executed notebook to one standalone HTML file that works offline.
 
     Args:
         notebook: the executed ``.ipynb``.
         dest: the ``.html`` file to write (atomically).
         hide_code: leave code cells out (for the report).
+        title: the page's ``<title>`` (default: the notebook's first ``#`` heading,
+            else its file name).
     """
     import jinja2
     import nbformat
@@ -74,5 +88,6 @@ def export_html(notebook: str | Path, dest: str | Path, *, hide_code: bool = Fal
     exporter.exclude_input = hide_code
     exporter.exclude_input_prompt = hide_code
     exporter.exclude_output_prompt = hide_code
-    body, _ = exporter.from_notebook_node(nb)
+    name = title or notebook_title(nb) or Path(notebook).stem
+    body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": name}})
     return atomic_write_text(dest, body)

@@ -104,7 +104,7 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
                                  "sweep_guesses": [5], "context_pool": False, "others": ["ngram"],
                                  "cost_sizes": [1, 16], "cost_prefix": 32, "cost_repeats": 1, "lab_trials": 200}),
     ), report="08_report"),
-    Preset("quick", "the default study, sized to finish in under 20 minutes on a 2-core CPU", (
+    Preset("quick", "the default study: about 25 minutes on a 2-core CPU (16 for 01-08)", (
         NotebookRun(_QUICKSTART),
         NotebookRun(_TREES),
         NotebookRun(_ACCEPTANCE, {"prompt_limit": 7, "max_new_tokens": 32, "budgets": [4, 8, 16, 32, 64],

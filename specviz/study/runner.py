@@ -24,6 +24,12 @@ so an interrupted run loses at most the unit that was in flight. The report note
 finished since the report last ran, so ``report.html`` never describes older results than
 the tables.
 
+Before the first notebook runs, the study prepares the built-in models that the
+notebooks about to run will load (in the weight modes their ``dtype`` parameters name),
+in its own process: the first preparation takes minutes, and its progress then shows
+in the terminal rather than inside a notebook cell. When everything is cached this is a
+few file checks.
+
 Notebooks receive ``out_dir`` (the run directory) and, when they declare them,
 ``prompts_path`` and ``prompt_limit`` from ``--prompts`` and ``--limit``; the rest of
 their parameters come from the preset (:data:`PRESETS`). The kernel is the Jupyter
@@ -33,12 +39,13 @@ environment it was started from.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import hashlib
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
@@ -239,12 +246,26 @@ def _select(runs: Sequence[NotebookRun], only: Sequence[str] | None) -> list[Not
 
 @dataclass(frozen=True)
 class _Plan:
-    """One notebook of a run, resolved: its file, final parameters and fingerprint."""
+    """One notebook of a run, resolved: its file, final parameters and fingerprint, and
+    the parameters it declares (with their defaults)."""
 
     run: NotebookRun
     source: Path
     parameters: dict[str, Any]
     fingerprint: str
+    declared: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def value(self, name: str) -> Any:
+        """The value parameter ``name`` has in this run (the notebook's default unless set);
+        None when the notebook does not declare it or its default is not a literal."""
+        if name in self.parameters:
+            return self.parameters[name]
+        if name not in self.declared:
+            return None
+        try:
+            return ast.literal_eval(str(self.declared[name].get("default")))
+        except (ValueError, SyntaxError):
+            return None
 
 
 def _read_marker(path: Path) -> dict[str, Any] | None:
@@ -252,6 +273,72 @@ def _read_marker(path: Path) -> dict[str, Any] | None:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return None
+
+
+# -- the built-in models, prepared before the first notebook ------------------------------------
+
+#: notebooks that load the built-in pair (in the weight mode of their ``dtype`` parameter),
+#: with the parameter and value that switch the pair on where it is optional
+_BUILTIN_PAIR_NOTEBOOKS: Mapping[str, tuple[str, Any] | None] = {
+    "01_quickstart": None,
+    "03_chain_tree_dynamic": ("models", "builtin"),
+    "04_verification_rules": ("real_models", True),
+    "06_end_to_end_speed": None,
+    "09_lookahead": None,
+}
+#: parameters that list further weight modes in which a notebook loads the built-in target
+_TARGET_MODE_PARAMETERS: Mapping[str, str] = {"06_end_to_end_speed": "probe_dtypes"}
+
+
+def _builtin_models_needed(plans: Sequence[_Plan], remote: bool = False) -> list[tuple[str, str]]:
+    """(built-in model, weight mode) pairs the planned notebooks load on this machine, in
+    first-use order. A weight mode that is not a literal known name (``auto``, a typo) is
+    left to the notebook, which resolves or rejects it itself. With a ``remote`` Dask
+    scheduler, notebooks that run their units there (they declare ``scheduler``) load
+    nothing here."""
+    from specviz.models.loading import DEFAULT_DRAFT, DEFAULT_TARGET
+    from specviz.models.weights import WEIGHT_MODES
+
+    needed: list[tuple[str, str]] = []
+
+    def add(model: str, mode: Any) -> None:
+        if isinstance(mode, str) and mode in WEIGHT_MODES and (model, mode) not in needed:
+            needed.append((model, mode))
+
+    for plan in plans:
+        stem = plan.run.stem
+        if stem not in _BUILTIN_PAIR_NOTEBOOKS or (remote and "scheduler" in plan.declared):
+            continue
+        switch = _BUILTIN_PAIR_NOTEBOOKS[stem]
+        if switch is not None and plan.value(switch[0]) != switch[1]:
+            continue
+        mode = plan.value("dtype")
+        add(DEFAULT_TARGET, mode)
+        add(DEFAULT_DRAFT, mode)
+        extra = plan.value(_TARGET_MODE_PARAMETERS[stem]) if stem in _TARGET_MODE_PARAMETERS else None
+        for other in extra if isinstance(extra, list) else []:
+            add(DEFAULT_TARGET, other)
+    return needed
+
+
+def _prepare_models(plans: Sequence[_Plan], log: Callable[[str], None], remote: bool = False) -> None:
+    """Build the cache entries of the built-in models the plans load and that are not
+    cached yet, with the loader's progress on stderr; nothing is loaded when all are cached."""
+    from specviz.models.loading import builtin_cached, prepare_builtin
+
+    missing = [(m, mode) for m, mode in _builtin_models_needed(plans, remote) if not builtin_cached(m, mode)]
+    if not missing:
+        return
+    names = ", ".join(f"{m} ({mode})" for m, mode in missing)
+    log(f"[study] preparing the built-in models before the first notebook: {names} (converting the pair "
+        "from its data packages takes about 3 minutes on a 2-core CPU, once; progress below)")
+    start = time.perf_counter()
+    for model, mode in missing:
+        try:
+            prepare_builtin(model, mode)
+        except (FileNotFoundError, ValueError) as err:
+            raise StudyConfigError(f"cannot prepare the built-in model {model}: {err}") from None
+    log(f"[study] built-in models ready in {time.perf_counter() - start:.0f} s")
 
 
 def run_study(preset: str | Preset = "quick", *, out_dir: str | Path | None = None,
@@ -278,9 +365,13 @@ def run_study(preset: str | Preset = "quick", *, out_dir: str | Path | None = No
             ``auto`` is resolved once, before the first notebook (:mod:`specviz.models.auto`).
         log: where progress lines go.
 
+    Before the first notebook, the built-in models that the notebooks about to run load
+    are converted into the cache if they are not there yet (progress on stderr).
+
     Raises:
         StudyConfigError: before anything runs, on a bad preset, selection, prompt file,
-            limit, preset parameter or kernel.
+            limit, preset parameter or kernel, or built-in models that cannot be prepared
+            (missing or corrupted data packages).
         NotebookFailedError: when a notebook raises (earlier notebooks stay finished).
     """
     log = log or log_line
@@ -309,9 +400,9 @@ def run_study(preset: str | Preset = "quick", *, out_dir: str | Path | None = No
         src = NOTEBOOKS_DIR / run.notebook
         if not src.is_file():
             raise StudyConfigError(f"notebook {src} does not exist")
-        params = notebook_parameters(run, declared_parameters(src), out, prompts=prompts_path, limit=limit,
-                                     dtype=dtype)
-        plans.append(_Plan(run, src, params, _fingerprint(src, params, prompts_path)))
+        declared = declared_parameters(src)
+        params = notebook_parameters(run, declared, out, prompts=prompts_path, limit=limit, dtype=dtype)
+        plans.append(_Plan(run, src, params, _fingerprint(src, params, prompts_path), declared))
     _check_kernel()
     if (prompts_path is not None or limit is not None) and not any(
             "prompts_path" in p.parameters or "prompt_limit" in p.parameters for p in plans):
@@ -319,6 +410,7 @@ def run_study(preset: str | Preset = "quick", *, out_dir: str | Path | None = No
 
     out.mkdir(parents=True, exist_ok=True)
     log(f"[study] preset {spec.name!r}: {len(plans)} notebook(s) -> {out}")
+    _prepare_models([p for p in plans if force or not _finished(p, out, None)], log, remote=bool(scheduler))
     with contextlib.ExitStack() as stack:
         cluster = None
         if workers is not None or scheduler:
@@ -351,10 +443,9 @@ def _run_plans(plans: Sequence[_Plan], spec: Preset, out: Path, *, force: bool, 
         executed = out / "notebooks" / run.notebook
         html = out / "html" / f"{run.stem}.html"
         marker = out / "state" / f"{run.stem}.done.json"
-        done = _read_marker(marker)
         inputs = _report_inputs(out, spec) if run.stem == spec.report else None
-        if (not force and done is not None and done.get("fingerprint") == plan.fingerprint
-                and done.get("inputs") == inputs and executed.is_file() and html.is_file()):
+        done = None if force else _finished(plan, out, inputs)
+        if done is not None:
             log(f"[study {i}/{len(plans)}] {run.stem}: finished earlier with the same inputs "
                 f"({done.get('elapsed_s', 0):.0f} s then), skipped")
             outcomes.append(NotebookOutcome(run.stem, "skipped", float(done.get("elapsed_s", 0.0)), executed, html))
@@ -381,6 +472,17 @@ def _run_plans(plans: Sequence[_Plan], spec: Preset, out: Path, *, force: bool, 
         outcomes.append(NotebookOutcome(run.stem, "ran", elapsed, executed, html))
         _write_manifest(manifest_path, spec, outcomes, plans)
     return outcomes
+
+
+def _finished(plan: _Plan, out: Path, inputs: list[list[str]] | None) -> dict[str, Any] | None:
+    """The done-marker of ``plan`` when it finished earlier with the same fingerprint and
+    report ``inputs`` and its outputs are still there (it is skipped then), else None."""
+    run = plan.run
+    done = _read_marker(out / "state" / f"{run.stem}.done.json")
+    if (done is not None and done.get("fingerprint") == plan.fingerprint and done.get("inputs") == inputs
+            and (out / "notebooks" / run.notebook).is_file() and (out / "html" / f"{run.stem}.html").is_file()):
+        return done
+    return None
 
 
 def _report_inputs(out: Path, spec: Preset) -> list[list[str]] | None:

@@ -11,9 +11,11 @@ computed for another prompt or model.
 * :func:`reference_units` - the target's greedy continuations (:func:`references_from`
   reads them back as :class:`~specviz.decode.GenerationResult` objects);
 * :func:`rank_units` - teacher-forced draft ranks along a reference;
+  :func:`candidate_units` - the draft's top-k probabilities there (calibration);
 * :func:`shape_units`, :func:`dynamic_units`, :func:`drafter_units` - greedy replays of
   static shapes, EAGLE-2 dynamic trees and model-free drafters, stored as labelled step
   rows (:func:`~specviz.metrics.label_rows` of :class:`~specviz.decode.StepRecord`);
+  :func:`oracle_units` - the hindsight oracle of rank-ordered trees, stored the same way;
 * :func:`layer_units` - top-1/top-2 agreement of truncated targets (self-speculation);
 * :func:`engine_units` - live engine replays of model drafters (the cross-check);
 * :func:`sampled_units` - sampled verification along a reference (expected vs realised);
@@ -47,7 +49,10 @@ __all__ = [
     "references_from",
     "rank_units",
     "ranks_from",
+    "candidate_units",
+    "candidates_from",
     "shape_units",
+    "oracle_units",
     "dynamic_units",
     "drafter_units",
     "layer_units",
@@ -126,6 +131,31 @@ def ranks_from(store: ResultStore, models: ModelSpec, source: str, reference: Ge
     return torch.tensor(store.rows_of(f"{source}/{_key(models, reference)}")[0]["ranks"], dtype=torch.long)
 
 
+def _candidates_row(models: ModelSpec, source: str, prompt_ids: Sequence[int], output_ids: Sequence[int],
+                    k: int) -> dict:
+    from specviz.decode.ranks import draft_candidates
+
+    probs, ranks = draft_candidates(draft_source(models, source), prompt_ids, output_ids, k=k)
+    return {"probs": probs.tolist(), "ranks": ranks.tolist()}
+
+
+def candidate_units(models: ModelSpec, sources: Sequence[str], references: Mapping[int, GenerationResult], *,
+                    k: int = 8) -> list[Unit]:
+    """One unit per draft source and reference: the draft's top-``k`` probabilities at
+    every continuation position and the rank of the reference's token
+    (:func:`~specviz.decode.draft_candidates`), the data of the calibration study."""
+    return [Unit(f"{source}/k{k}/{_key(models, ref)}", _candidates_row,
+                 {"source": source, "prompt_ids": ref.prompt_ids, "output_ids": ref.output_ids, "k": k})
+            for source in sources for ref in references.values()]
+
+
+def candidates_from(store: ResultStore, models: ModelSpec, source: str, reference: GenerationResult, *,
+                    k: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(probs, ranks)`` a :func:`candidate_units` unit stored."""
+    row = store.rows_of(f"{source}/k{k}/{_key(models, reference)}")[0]
+    return torch.tensor(row["probs"], dtype=torch.float32), torch.tensor(row["ranks"], dtype=torch.long)
+
+
 # -- greedy replays ------------------------------------------------------------------------------
 
 def _shape_rows(models: ModelSpec, reference: GenerationResult, ranks: torch.Tensor,
@@ -151,6 +181,30 @@ def shape_units(models: ModelSpec, reference: GenerationResult, ranks: torch.Ten
                  {"reference": reference, "ranks": ranks, "shapes": {family: shape}, "pair": pair,
                   "budget": budget, "labels": dict(labels)})
             for family, shape in shapes.items()]
+
+
+def _oracle_rows(models: ModelSpec, reference: GenerationResult, ranks: torch.Tensor, budgets: Sequence[int],
+                 pair: str, labels: Mapping[str, Any]) -> list[dict]:
+    from specviz.decode.replay import replay_oracle
+    from specviz.metrics.acceptance import label_rows
+
+    target = models_for(models).target
+    rows = []
+    for budget in budgets:
+        rows += label_rows(replay_oracle(ranks, reference, budget, target=target), pair=pair, strategy="oracle",
+                           budget=budget, **labels)
+    return rows
+
+
+def oracle_units(models: ModelSpec, reference: GenerationResult, ranks: torch.Tensor, budgets: Sequence[int], *,
+                 pair: str, labels: Mapping[str, Any]) -> list[Unit]:
+    """Greedy replays of the hindsight oracle (:func:`~specviz.decode.replay_oracle`) at
+    every budget, one unit ``<pair>/oracle/<budgets>/<reference key>``; rows carry
+    ``pair``, ``strategy="oracle"``, ``budget`` and ``labels``."""
+    tag = "-".join(str(b) for b in budgets)
+    return [Unit(f"{pair}/oracle/{tag}/{_key(models, reference)}", _oracle_rows,
+                 {"reference": reference, "ranks": ranks, "budgets": list(budgets), "pair": pair,
+                  "labels": dict(labels)})]
 
 
 def _dynamic_rows(models: ModelSpec, reference: GenerationResult, budgets: Sequence[int], topk: int, depth: int,

@@ -8,7 +8,7 @@ shape's expected tokens per step is then
     1 + sum over draft nodes v of  prod over the path root..v of a_{rank + 1},
 
 the 1 being the bonus token the target always adds (so a root-only tree scores 1
-and the value is *tau*, not acceptance length).
+and the value is *tau*, not accepted draft tokens per step).
 
 The program fills ``f(m, l, b)``: the best value of a subtree of ``m`` nodes
 (its root included) and depth at most ``l`` whose root's children use only ranks

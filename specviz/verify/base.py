@@ -57,14 +57,14 @@ class Acceptance:
             )
 
     @property
-    def accept_length(self) -> int:
+    def n_accepted(self) -> int:
         """Accepted draft tokens in this step."""
         return len(self.accepted_nodes)
 
     @property
     def tau(self) -> int:
         """Tokens committed by this step: accepted draft tokens plus the bonus token."""
-        return self.accept_length + 1
+        return self.n_accepted + 1
 
     @property
     def committed_tokens(self) -> tuple[int, ...]:
@@ -270,7 +270,7 @@ class Verifier(abc.ABC):
         """``(N,)`` float64: probability that each node is on the accepted path (root = 1)."""
         return self._reach(self._problem(tree, target_logits, config))
 
-    def expected_accept_length(self, tree: DraftTree, target_logits: torch.Tensor,
+    def expected_accepted(self, tree: DraftTree, target_logits: torch.Tensor,
                                config: SamplingConfig) -> float:
         """Expected number of accepted draft tokens (root excluded) in this step."""
         return float(self.node_reach_probs(tree, target_logits, config)[1:].sum())

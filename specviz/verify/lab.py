@@ -16,7 +16,7 @@ and "how long is the accepted path on average?" exactly
   drawing siblings the way a verifier requires (``sibling_sampling``);
 * :func:`check_rule` - verify ``trials`` freshly drafted trees and compare the first
   emitted token's frequencies with the target distribution (chi-square test), next to
-  the realised and exact expected acceptance length; :func:`check_proposals` does the
+  the realised and exact expected accepted draft tokens per step; :func:`check_proposals` does the
   same for trees from any proposer (the deterministic guesses of Jacobi and lookahead);
 * :func:`checks_table` / :func:`distributions_table` - the results as tidy tables.
 
@@ -43,7 +43,7 @@ from specviz.sampling import (
 from specviz.tree.shapes import TreeShape
 from specviz.tree.core import DraftTree, path_to
 from specviz.validate import check_int
-from specviz.verify.rules import expected_accept_length, get_verifier
+from specviz.verify.rules import expected_accepted, get_verifier
 
 __all__ = [
     "TOY_WORDS",
@@ -244,8 +244,8 @@ class DistributionCheck:
         chi2: Pearson statistic of the counts against ``target``.
         p_value: chance of a statistic at least this large if the rule were exact
             (0 when a token the target never emits came out).
-        mean_accept_length: realised accepted draft tokens per step.
-        expected_accept_length: exact expectation, averaged over the same trees.
+        mean_accepted: realised accepted draft tokens per step.
+        expected_accepted: exact expectation, averaged over the same trees.
     """
 
     rule: str
@@ -256,8 +256,8 @@ class DistributionCheck:
     empirical: tuple[float, ...]
     chi2: float
     p_value: float
-    mean_accept_length: float
-    expected_accept_length: float
+    mean_accepted: float
+    expected_accepted: float
 
     @property
     def tv_distance(self) -> float:
@@ -333,25 +333,25 @@ def check_proposals(pair: ToyPair, propose: Callable[[torch.Generator], DraftTre
         logits = pair.target.tree_logits(tree)  # (N, V)
         acc = verifier(tree, logits, config, g_verify)
         counts[acc.committed_tokens[0]] += 1
-        accepted += acc.accept_length
-        expected += expected_accept_length(tree, logits, config, rule=verifier)
+        accepted += acc.n_accepted
+        expected += expected_accepted(tree, logits, config, rule=verifier)
     chi2, p_value = _chi_square(counts, target_p)
     return DistributionCheck(
         rule=verifier.name, sibling_sampling=sibling_sampling, lossless=verifier.lossless, trials=trials,
         target=tuple(target_p.tolist()), empirical=tuple((counts / trials).tolist()),
-        chi2=chi2, p_value=p_value, mean_accept_length=accepted / trials,
-        expected_accept_length=expected / trials,
+        chi2=chi2, p_value=p_value, mean_accepted=accepted / trials,
+        expected_accepted=expected / trials,
     )
 
 
 def checks_table(checks: Sequence[DistributionCheck], alpha: float = 1e-3) -> pd.DataFrame:
     """One row per check: rule, drafting, claim, distance to the target, test verdict and
-    acceptance lengths (``matches_target`` at level ``alpha``)."""
+    accepted draft tokens per step (``matches_target`` at level ``alpha``)."""
     return pd.DataFrame([{
         "rule": c.rule, "sibling_sampling": c.sibling_sampling, "lossless_claim": c.lossless,
         "trials": c.trials, "tv_distance": c.tv_distance, "chi2": c.chi2, "p_value": c.p_value,
-        "matches_target": c.matches_target(alpha), "mean_accept_length": c.mean_accept_length,
-        "expected_accept_length": c.expected_accept_length,
+        "matches_target": c.matches_target(alpha), "mean_accepted": c.mean_accepted,
+        "expected_accepted": c.expected_accepted,
     } for c in checks])
 
 
@@ -368,12 +368,12 @@ def distributions_table(checks: Sequence[DistributionCheck], tokenizer: ToyToken
 
 def expected_acceptance_table(pair: ToyPair, shapes: Mapping[str, TreeShape], rules: Sequence[str],
                               temperatures: Sequence[float], *, trees: int, seed: int = 0) -> pd.DataFrame:
-    """Exact expected acceptance length per (shape, rule, temperature), averaged over
+    """Exact expected accepted draft tokens per (shape, rule, temperature), averaged over
     ``trees`` trees drafted the way each rule requires (the same draws for every rule
     that drafts the same way). The ``"chain"`` rule is scored only on chain shapes.
 
     Returns:
-        Columns ``shape, budget, rule, temperature, expected_accept_length, expected_tau``.
+        Columns ``shape, budget, rule, temperature, expected_accepted, expected_tau``.
     """
     check_int("trees", trees)
     rows = []
@@ -389,9 +389,9 @@ def expected_acceptance_table(pair: ToyPair, shapes: Mapping[str, TreeShape], ru
                 total = 0.0
                 for _ in range(trees):
                     tree = draft_tree(pair.draft, shape, config, verifier.sibling_sampling, g)
-                    total += expected_accept_length(tree, pair.target.tree_logits(tree), config, rule=verifier)
+                    total += expected_accepted(tree, pair.target.tree_logits(tree), config, rule=verifier)
                 mean = total / trees
                 rows.append({"shape": shape_name, "budget": shape.budget, "rule": verifier.name,
-                             "temperature": float(temperature), "expected_accept_length": mean,
+                             "temperature": float(temperature), "expected_accepted": mean,
                              "expected_tau": mean + 1.0})
     return pd.DataFrame(rows)

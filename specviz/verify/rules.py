@@ -38,7 +38,7 @@ Conventions shared by all rules:
   after a rejection the residual gives the repeated token the right (often zero)
   chance.
 
-Exact expectations (:func:`node_reach_probs`, :func:`expected_accept_length`) are
+Exact expectations (:func:`node_reach_probs`, :func:`expected_accepted`) are
 computed from one target forward over the tree, with no sampling:
 
 * rules A, C, D and B with a deterministic draft try children in index order:
@@ -87,7 +87,7 @@ __all__ = [
     "get_verifier",
     "as_verifier",
     "node_reach_probs",
-    "expected_accept_length",
+    "expected_accepted",
 ]
 
 
@@ -144,16 +144,16 @@ def node_reach_probs(tree: DraftTree, target_logits: torch.Tensor, config: Sampl
 
     Returns:
         ``(N,)`` float64, 1.0 at the root; the sum over non-root nodes is the expected
-        acceptance length, and a node's value is at most its parent's.
+        number of accepted draft tokens, and a node's value is at most its parent's.
     """
     return as_verifier(rule).node_reach_probs(tree, target_logits, config)
 
 
-def expected_accept_length(tree: DraftTree, target_logits: torch.Tensor, config: SamplingConfig,
+def expected_accepted(tree: DraftTree, target_logits: torch.Tensor, config: SamplingConfig,
                            rule: str | Verifier = "topk") -> float:
     """Exact expected number of accepted draft tokens (root excluded) for one step.
 
     Add 1 for tau (tokens committed per target call). Arguments as in
     :func:`node_reach_probs`.
     """
-    return as_verifier(rule).expected_accept_length(tree, target_logits, config)
+    return as_verifier(rule).expected_accepted(tree, target_logits, config)

@@ -1,0 +1,196 @@
+"""First-time preparation of the built-in models: progress on stderr only when work is done,
+and the study prepares the models its notebooks need before the first notebook runs.
+The slow stages (transformers' dequantization, papermill) are replaced by stand-ins."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+import specviz.models.loading as models
+import specviz.study.runner as runner
+from specviz.locations import NOTEBOOKS_DIR
+from specviz.models.loading import BuiltinModel, builtin_cached, load_model, prepare_builtin, set_progress
+from specviz.study.presets import NotebookRun, Preset, get_preset
+
+
+def _fake_builtin(tmp_path: Path, monkeypatch, payload: bytes, name: str = "fake-model") -> BuiltinModel:
+    """Fake data packages ``fakeprogpkg_partN`` holding ``payload`` in two parts, registered
+    as built-in model ``name``."""
+    site = tmp_path / "site"
+    half = len(payload) // 2
+    for i, part in enumerate((payload[:half], payload[half:]), 1):
+        pkg = site / f"fakeprogpkg_part{i}"
+        (pkg / "data").mkdir(parents=True)
+        (pkg / "__init__.py").write_text("")
+        (pkg / "data" / f"part{i:02d}.bin").write_bytes(part)
+    monkeypatch.syspath_prepend(str(site))
+    spec = BuiltinModel(name=name, role="draft", package_prefix="fakeprogpkg-part", n_parts=2, version="0.0.1",
+                        size=len(payload), sha256=hashlib.sha256(payload).hexdigest())
+    monkeypatch.setitem(models.BUILTIN_MODELS, name, spec)
+    return spec
+
+
+@pytest.fixture
+def fake_model(tmp_path, monkeypatch):
+    """A fake built-in model whose dequantization is a tiny random model (counted)."""
+    spec = _fake_builtin(tmp_path, monkeypatch, os.urandom(3_000_000))
+    calls = []
+
+    def dequantize(work: Path, gguf: Path):
+        assert gguf.read_bytes()[:16] and gguf.stat().st_size == spec.size  # assembled in full
+        calls.append(gguf.name)
+        tiny = models.tiny_model(seed=3)
+        return tiny.model, tiny.tokenizer
+
+    monkeypatch.setattr(models, "_dequantize_gguf", dequantize)
+    monkeypatch.setitem(models._DEQUANTIZE_S, spec.name, 42)
+    before = set_progress(True)
+    yield spec, calls
+    set_progress(before)
+
+
+def _progress_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("[specviz]")]
+
+
+def test_first_load_reports_each_stage_once_and_a_cached_load_is_silent(fake_model, tmp_path, capsys):
+    spec, calls = fake_model
+    cache = tmp_path / "cache"
+    assert not builtin_cached(spec.name, "fp32", cache=cache)
+    first = load_model(spec.name, "fp32", cache=cache)
+    err = capsys.readouterr().err
+    lines = _progress_lines(err)
+    assert calls == [f"{spec.name}.gguf"]
+    assert first.name == spec.name and first.weight_mode == "fp32"
+    for expected in ("first use, preparing the fp32 weights",
+                     "assembling the GGUF file (0.00 GB) from 2 data packages and checking its sha256",
+                     "dequantizing the GGUF weights to fp32 through transformers (about 42 s on a 2-core CPU)",
+                     "dequantized in", "saving the fp32 weights and the tokenizer to the cache", "saved in",
+                     "fp32 weights ready after"):
+        assert sum(expected in line for line in lines) == 1, (expected, lines)
+    assert "assemble + sha256" in err and "3.00M/3.00M" in err  # the byte bar reached the file's size
+    assert builtin_cached(spec.name, "fp32", cache=cache)
+
+    load_model(spec.name, "fp32", cache=cache)  # cached: silent (transformers' own bar aside), no work
+    err = capsys.readouterr().err
+    assert _progress_lines(err) == [] and "assemble" not in err and len(calls) == 1
+
+    load_model(spec.name, "bf16", cache=cache)  # a new dtype entry: only its own stage
+    lines = _progress_lines(capsys.readouterr().err)
+    assert len(lines) == 2 and "converting the cached fp32 weights to bf16" in lines[0]
+    assert "bf16 weights ready in" in lines[1] and len(calls) == 1
+    load_model(spec.name, "bf16", cache=cache)
+    assert _progress_lines(capsys.readouterr().err) == []
+
+
+def test_progress_can_be_silenced_and_prepare_loads_nothing(fake_model, tmp_path, capsys, monkeypatch):
+    spec, calls = fake_model
+    cache = tmp_path / "cache"
+    loaded = []
+    monkeypatch.setattr("transformers.AutoModelForCausalLM.from_pretrained",
+                        lambda *a, **k: loaded.append(a) or pytest.fail("prepare_builtin must not load fp32"))
+    set_progress(False)
+    entry = prepare_builtin(spec.name, "int8", cache=cache)  # converted modes start from the fp32 entry
+    assert entry == cache / "models" / f"{spec.name}-fp32" and (entry / "specviz.json").exists()
+    assert capsys.readouterr().err == "" and calls and not loaded
+    assert builtin_cached(spec.name, "int8", cache=cache) and not builtin_cached(spec.name, "bf16", cache=cache)
+    with pytest.raises(ValueError, match="not a built-in model"):
+        prepare_builtin("no-such-model", cache=cache)
+    with pytest.raises(ValueError, match="auto"):
+        builtin_cached(spec.name, "auto", cache=cache)
+    with pytest.raises(TypeError, match="True or False"):
+        set_progress("no")
+
+
+# -- the study prepares before the first notebook ---------------------------------------------
+
+def _plans(preset: Preset, out: Path) -> list:
+    plans = []
+    for run in preset.runs:
+        src = NOTEBOOKS_DIR / run.notebook
+        declared = runner.declared_parameters(src)
+        plans.append(runner._Plan(run, src, runner.notebook_parameters(run, declared, out), "", declared))
+    return plans
+
+
+def test_models_needed_follow_the_notebooks_parameters(tmp_path):
+    target, draft = models.DEFAULT_TARGET, models.DEFAULT_DRAFT
+    quick = runner._builtin_models_needed(_plans(get_preset("quick"), tmp_path))
+    assert quick == [(target, "fp32"), (draft, "fp32"), (target, "bf16")]  # 06 probes the target in bf16
+    only_toys = Preset("t", "", (NotebookRun("02_trees_masks_attention.ipynb"),
+                                 NotebookRun("03_chain_tree_dynamic.ipynb", {"models": "tiny"}),
+                                 NotebookRun("04_verification_rules.ipynb", {"real_models": False})))
+    assert runner._builtin_models_needed(_plans(only_toys, tmp_path)) == []
+    bf16 = Preset("b", "", (NotebookRun("01_quickstart.ipynb", {"dtype": "bf16"}),
+                            NotebookRun("09_lookahead.ipynb", {"dtype": "auto"})))  # auto: the notebook's own
+    assert runner._builtin_models_needed(_plans(bf16, tmp_path)) == [(target, "bf16"), (draft, "bf16")]
+    # on a remote Dask cluster, 03, 04 and 06 load the pair on the workers; 01 and 09 still here
+    remote = runner._builtin_models_needed(_plans(get_preset("quick"), tmp_path), remote=True)
+    assert remote == [(target, "fp32"), (draft, "fp32")]
+    assert runner._builtin_models_needed(_plans(get_preset("quick"), tmp_path)[2:6], remote=True) == []
+
+
+@pytest.fixture
+def fake_study(monkeypatch):
+    """run_study with stand-ins for the notebooks and the model preparation; yields the
+    ordered event log and the set of cached (model, mode) pairs."""
+    events: list[str] = []
+    cached: set[tuple[str, str]] = set()
+
+    def execute(src, dest, params, progress):
+        events.append(f"run {src.stem}")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text(json.dumps({"cells": []}))
+
+    def export(executed, html, **kw):
+        html.parent.mkdir(parents=True, exist_ok=True)
+        html.write_text("<html></html>")
+        return html
+
+    def prepare(name, dtype="fp32", cache=None):
+        events.append(f"prepare {name} {dtype}")
+        cached.add((name, dtype))
+
+    monkeypatch.setattr(runner, "_execute", execute)
+    monkeypatch.setattr(runner, "export_html", export)
+    monkeypatch.setattr(runner, "_check_kernel", lambda: None)
+    monkeypatch.setattr(models, "prepare_builtin", prepare)
+    monkeypatch.setattr(models, "builtin_cached", lambda name, dtype="fp32", cache=None: (name, dtype) in cached)
+    return events, cached
+
+
+def test_study_prepares_models_before_the_first_notebook(fake_study, tmp_path):
+    events, cached = fake_study
+    preset = Preset("p", "", (NotebookRun("02_trees_masks_attention.ipynb"), NotebookRun("01_quickstart.ipynb")))
+    lines: list[str] = []
+    runner.run_study(preset, out_dir=tmp_path, progress=False, log=lines.append)
+    assert events == [f"prepare {models.DEFAULT_TARGET} fp32", f"prepare {models.DEFAULT_DRAFT} fp32",
+                      "run 02_trees_masks_attention", "run 01_quickstart"]
+    assert sum("preparing the built-in models before the first notebook" in line for line in lines) == 1
+
+    events.clear()
+    lines.clear()
+    runner.run_study(preset, out_dir=tmp_path, progress=False, log=lines.append, force=True)
+    assert events == ["run 02_trees_masks_attention", "run 01_quickstart"]  # cached: no preparation
+    assert not any("preparing" in line for line in lines)
+
+    events.clear()
+    cached.clear()  # a cleared cache, but every notebook finished earlier: nothing to prepare for
+    runner.run_study(preset, out_dir=tmp_path, progress=False, log=lines.append)
+    assert events == []
+
+
+def test_study_reports_models_that_cannot_be_prepared(fake_study, tmp_path, monkeypatch):
+    def missing(name, dtype="fp32", cache=None):
+        raise FileNotFoundError(f"built-in model {name!r} needs data packages that are not installed")
+
+    monkeypatch.setattr(models, "prepare_builtin", missing)
+    preset = Preset("p", "", (NotebookRun("01_quickstart.ipynb"),))
+    with pytest.raises(runner.StudyConfigError, match="cannot prepare the built-in model .*not installed"):
+        runner.run_study(preset, out_dir=tmp_path, progress=False, log=lambda _: None)
+    assert fake_study[0] == []  # no notebook ran
