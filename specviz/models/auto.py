@@ -57,10 +57,9 @@ def _load(path: Path) -> dict:
 
 
 def _save(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
+    from specviz.study.store import atomic_write_text
+
+    atomic_write_text(path, json.dumps(data, indent=1))
 
 
 def probe_weight_modes(name, modes: Sequence[str] | None = None, *, cache: str | os.PathLike | None = None,

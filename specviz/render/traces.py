@@ -27,7 +27,6 @@ import gzip
 import json
 import math
 import os
-import tempfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +37,7 @@ import torch
 
 from specviz.decode.records import STOP_REASONS, GenerationResult, StepTrace
 from specviz.sampling import SamplingConfig
+from specviz.study.store import atomic_write_bytes
 from specviz.tree.core import DraftTree
 from specviz.tree.side import SideBranch
 from specviz.verify.base import Acceptance
@@ -331,17 +331,7 @@ def write_traces(path: str | os.PathLike, traces: TraceFile) -> Path:
                    for settings, result in traces.entries],
     }
     data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz:
-            gz.write(data)
-        os.chmod(tmp, 0o644)  # readable like any data file, not mkstemp's owner-only mode
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return atomic_write_bytes(path, gzip.compress(data, mtime=0))
 
 
 def read_traces(path: str | os.PathLike) -> TraceFile:

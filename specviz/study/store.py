@@ -36,6 +36,7 @@ __all__ = [
     "load_table",
     "table_paths",
     "atomic_write_text",
+    "atomic_write_bytes",
 ]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -58,12 +59,17 @@ def _check_out_dir(out_dir: str | os.PathLike) -> Path:
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` to ``path`` through a temporary file in the same directory and a
     rename, so the file is either the old one or the complete new one."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """:func:`atomic_write_text` for bytes (e.g. a gzip'd file)."""
     dest = Path(path)
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         _give_file_mode(Path(tmp), dest)
