@@ -46,6 +46,8 @@ __all__ = [
     "records_table",
     "acceptance_summary",
     "per_depth_table",
+    "check_step_table",
+    "step_groups",
     "tau_distribution",
     "per_position_acceptance",
     "budget_fill",
@@ -233,6 +235,26 @@ def records_table(records: Sequence[StepRecord], **labels) -> pd.DataFrame:
     return pd.DataFrame(label_rows(records, **labels), columns=columns)
 
 
+def check_step_table(steps: pd.DataFrame, by: Sequence[str], needed: Sequence[str]) -> list[str]:
+    """``by`` as a list, after checking that the step table has ``by`` and ``needed``
+    (a ``ValueError`` names the missing columns)."""
+    by = list(by)
+    missing = [c for c in by + list(needed) if c not in steps.columns]
+    if missing:
+        raise ValueError(f"step table lacks columns {missing}; build it with records_table")
+    return by
+
+
+def step_groups(steps: pd.DataFrame, by: Sequence[str]):
+    """``(key, rows)`` per group of step rows in order of appearance, ``key`` always a
+    tuple of the ``by`` values; without ``by``, the whole table as one group ``()``."""
+    if not by:
+        yield (), steps
+        return
+    for key, group in steps.groupby(list(by), sort=False):
+        yield (key if isinstance(key, tuple) else (key,)), group
+
+
 def acceptance_summary(steps: pd.DataFrame, by: Sequence[str]) -> pd.DataFrame:
     """Acceptance numbers per group of step rows (:func:`records_table`).
 
@@ -240,10 +262,7 @@ def acceptance_summary(steps: pd.DataFrame, by: Sequence[str]) -> pd.DataFrame:
     ``drafted_tokens``, ``accepted_tokens``, ``acceptance_rate``, ``accepted_per_step``,
     ``tau`` (:func:`acceptance_numbers`) and ``mean_depth`` (of the verified trees).
     """
-    by = list(by)
-    missing = [c for c in by + ["accepted", "drafted", "committed", "depth"] if c not in steps.columns]
-    if missing:
-        raise ValueError(f"step table lacks columns {missing}; build it with records_table")
+    by = check_step_table(steps, by, ["accepted", "drafted", "committed", "depth"])
     agg = steps.groupby(by, sort=False).agg(
         sequences=("question_id", "nunique") if "question_id" in steps.columns else ("step", "size"),
         steps=("step", "size"), new_tokens=("committed", "sum"), drafted_tokens=("drafted", "sum"),
@@ -263,21 +282,12 @@ def per_depth_table(steps: pd.DataFrame, by: Sequence[str]) -> pd.DataFrame:
     """
     by = list(by)
     rows = []
-    for key, group in steps.groupby(by, sort=False):
-        key = key if isinstance(key, tuple) else (key,)
+    for key, group in step_groups(steps, by):
         trials, wins = per_depth_counts(group["accepted"].tolist(), group["extendable"].tolist())
         rows += [(*key, d + 1, t, w) for d, (t, w) in enumerate(zip(trials, wins))]
     table = pd.DataFrame(rows, columns=by + ["depth", "trials", "accepted"])
     table["alpha"] = table["accepted"] / table["trials"]
     return table.sort_values(by + ["depth"], kind="stable").reset_index(drop=True)
-
-
-def _check_steps(steps: pd.DataFrame, by: Sequence[str], needed: Sequence[str]) -> list[str]:
-    by = list(by)
-    missing = [c for c in by + list(needed) if c not in steps.columns]
-    if missing:
-        raise ValueError(f"step table lacks columns {missing}; build it with records_table")
-    return by
 
 
 def tau_distribution(steps: pd.DataFrame, by: Sequence[str]) -> pd.DataFrame:
@@ -287,10 +297,9 @@ def tau_distribution(steps: pd.DataFrame, by: Sequence[str]) -> pd.DataFrame:
     kept, so histograms show their gaps), ``steps`` (steps with that many tokens),
     ``share`` (of the group's steps) and ``total_steps``.
     """
-    by = _check_steps(steps, by, ["accepted"])
+    by = check_step_table(steps, by, ["accepted"])
     rows = []
-    for key, group in steps.groupby(by, sort=False):
-        key = key if isinstance(key, tuple) else (key,)
+    for key, group in step_groups(steps, by):
         counts = (group["accepted"].astype(int) + 1).value_counts()
         total = int(len(group))
         for tokens in range(1, int(counts.index.max()) + 1):
@@ -310,10 +319,9 @@ def per_position_acceptance(steps: pd.DataFrame, by: Sequence[str], max_position
     Columns: ``by`` + ``draft_position`` (1 ..), ``steps`` (of the group), ``accepted``
     (steps that accepted a token there), ``rate``.
     """
-    by = _check_steps(steps, by, ["accepted"])
+    by = check_step_table(steps, by, ["accepted"])
     rows = []
-    for key, group in steps.groupby(by, sort=False):
-        key = key if isinstance(key, tuple) else (key,)
+    for key, group in step_groups(steps, by):
         accepted = group["accepted"].astype(int)
         deepest = int(accepted.max()) if len(accepted) else 0
         if max_position is not None:
@@ -336,12 +344,12 @@ def budget_fill(steps: pd.DataFrame, by: Sequence[str], max_new_tokens: int | No
     Columns: ``by`` + ``eligible_steps``, ``mean_drafted`` (per eligible step), ``fill``
     (NaN when no step had the room).
     """
-    by = _check_steps(steps, by, ["drafted", "budget", "position"])
-    room = steps if max_new_tokens is None else steps[steps["position"] + steps["budget"] < max_new_tokens]
+    by = check_step_table(steps, by, ["drafted", "budget", "position"])
+    eligible = (steps["position"] + steps["budget"] < max_new_tokens) if max_new_tokens is not None \
+        else pd.Series(True, index=steps.index)
     rows = []
-    for key, group in steps.groupby(by, sort=False):
-        key = key if isinstance(key, tuple) else (key,)
-        part = room.loc[room.index.intersection(group.index)]
+    for key, group in step_groups(steps, by):
+        part = group[eligible[group.index]]
         n = len(part)
         mean = float(part["drafted"].mean()) if n else math.nan
         budget = float(group["budget"].iloc[0])

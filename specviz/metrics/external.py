@@ -42,7 +42,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import pandas as pd
 
-from specviz.metrics.acceptance import per_position_acceptance
+from specviz.metrics.acceptance import check_step_table, per_position_acceptance, step_groups
 
 __all__ = [
     "EXTERNAL_TOOLS",
@@ -689,20 +689,16 @@ def counters_from_steps(steps: pd.DataFrame, *, by: Sequence[str] = (), source: 
         source: the counters' source (default: the table's ``attrs["source"]``, else "specviz").
         label: the label (default: the group's ``column=value`` pairs, else ``source``).
     """
-    missing = [c for c in list(by) + ["accepted", "committed"] if c not in steps.columns]
-    if missing:
-        raise ValueError(f"step table lacks columns {missing}; build it with records_table")
+    by = check_step_table(steps, by, ["accepted", "committed"])
     source = source or steps.attrs.get("source", "specviz")
-    groups = list(steps.groupby(list(by), sort=False)) if by else [((), steps)]
     out = []
-    for key, group in groups:
-        key = key if isinstance(key, tuple) else (key,)
+    for key, group in step_groups(steps, by):
         name = label or (", ".join(f"{c}={v}" for c, v in zip(by, key)) if by else source)
         accepted = group["accepted"].to_numpy()
         n = len(group)
         drafted = float(group["drafted"].sum()) if "drafted" in group and group["drafted"].notna().all() \
             else math.nan
-        rates = per_position_acceptance(group.assign(_group=0), ["_group"])["rate"].tolist()
+        rates = per_position_acceptance(group, [])["rate"].tolist()
         depth = group["depth"] if "depth" in group else pd.Series(dtype=float)
         if len(depth) and depth.notna().all():  # positions no step reached were drafted and never accepted
             rates += [0.0] * (int(depth.max()) - len(rates))

@@ -20,7 +20,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from specviz.metrics.acceptance import acceptance_summary
+from specviz.metrics.acceptance import acceptance_summary, step_groups
 from specviz.validate import check_int
 
 __all__ = ["bootstrap_ratio", "bootstrap_summary", "robust_range"]
@@ -76,7 +76,7 @@ def bootstrap_summary(steps: pd.DataFrame, by: Sequence[str], *, cluster: str = 
     summary = acceptance_summary(steps, by)
     per_prompt = steps.groupby(by + [cluster], sort=False).agg(
         steps=("step", "size"), accepted=("accepted", "sum"), drafted=("drafted", "sum")).reset_index()
-    groups = {(key if isinstance(key, tuple) else (key,)): part for key, part in per_prompt.groupby(by, sort=False)}
+    groups = dict(step_groups(per_prompt, by))
     columns = {name: [] for name in ("tau_low", "tau_high", "acceptance_rate_low", "acceptance_rate_high")}
     for i, row in enumerate(summary[by].itertuples(index=False, name=None)):
         part = groups[tuple(row)]
