@@ -23,7 +23,7 @@ import pandas as pd
 from specviz.metrics.acceptance import acceptance_summary, step_groups
 from specviz.validate import check_int
 
-__all__ = ["bootstrap_ratio", "bootstrap_summary", "robust_range"]
+__all__ = ["bootstrap_ratio", "bootstrap_summary", "robust_range", "interval_text"]
 
 
 def bootstrap_ratio(numerators: Sequence[float], denominators: Sequence[float], *, n_resamples: int = 2000,
@@ -103,3 +103,11 @@ def robust_range(values: pd.Series, small: pd.Series | None = None) -> tuple[flo
     if not len(kept):
         return 0.0, 1.0
     return float(kept.min()), float(kept.max())
+
+
+def interval_text(estimate: float, low: float = math.nan, high: float = math.nan, small: bool = False,
+                  digits: int = 2) -> str:
+    """An estimate with its interval as tables print it, ``4.36 [2.67, 12.00]``, starred
+    (``*``) when the cell is small; the interval is left out when it is NaN."""
+    text = f"{estimate:.{digits}f}" + ("" if pd.isna(low) else f" [{low:.{digits}f}, {high:.{digits}f}]")
+    return text + ("*" if small else "")

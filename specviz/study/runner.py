@@ -66,6 +66,7 @@ __all__ = [
     "NotebookOutcome",
     "StudyResult",
     "declared_parameters",
+    "default_value",
     "notebook_parameters",
     "run_study",
     "refresh_committed",
@@ -116,6 +117,15 @@ def declared_parameters(notebook: str | Path) -> dict[str, dict[str, Any]]:
     import papermill
 
     return {name: dict(info) for name, info in papermill.inspect_notebook(str(notebook)).items()}
+
+
+def default_value(info: Mapping[str, Any]) -> Any:
+    """The value of a declared parameter's default (an entry of :func:`declared_parameters`),
+    or None when the default is not a Python literal."""
+    try:
+        return ast.literal_eval(str(info.get("default")))
+    except (ValueError, SyntaxError):
+        return None
 
 
 def _check_prompts(prompts: str | Path | None) -> Path | None:
@@ -262,10 +272,7 @@ class _Plan:
             return self.parameters[name]
         if name not in self.declared:
             return None
-        try:
-            return ast.literal_eval(str(self.declared[name].get("default")))
-        except (ValueError, SyntaxError):
-            return None
+        return default_value(self.declared[name])
 
 
 def _read_marker(path: Path) -> dict[str, Any] | None:
