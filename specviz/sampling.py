@@ -32,6 +32,7 @@ __all__ = [
     "SIBLING_SAMPLING",
     "check_sibling_sampling",
     "siblings_sampled",
+    "require_deterministic_siblings",
     "probs_from_logits",
     "sample",
     "make_generator",
@@ -80,6 +81,16 @@ def siblings_sampled(config: SamplingConfig, sibling_sampling: str) -> bool:
     """Whether siblings are drawn at random: only when sampling (temperature > 0) in mode
     "iid" or "without_replacement"; otherwise they are the draft's top-ranked tokens."""
     return not config.greedy and sibling_sampling not in ("greedy", "topk")
+
+
+def require_deterministic_siblings(drafter: str, config: SamplingConfig, sibling_sampling: str) -> None:
+    """Check ``sibling_sampling`` for a drafter whose siblings are always its top-ranked
+    tokens; raise ValueError naming ``drafter`` when the verifier would assume sampled ones."""
+    check_sibling_sampling(sibling_sampling)
+    if siblings_sampled(config, sibling_sampling):
+        raise ValueError(
+            f"{drafter} drafts deterministic top-k siblings; under sampling use a verifier with "
+            f"sibling_sampling 'topk' (e.g. 'topk' or 'typical'), not {sibling_sampling!r}")
 
 
 def probs_from_logits(logits: torch.Tensor, config: SamplingConfig = GREEDY) -> torch.Tensor:

@@ -42,8 +42,12 @@ NAMES = {
 }
 
 
+#: families whose drafters need heads trained for the target; tests/test_heads.py builds them
+HEAD_FAMILIES = {"medusa", "eagle", "eagle-chain"}
+
+
 def test_every_name_builds_its_drafter(tiny_pair):
-    assert {parse_strategy(n).family for n in NAMES} == {s.name for s in STRATEGIES}
+    assert {parse_strategy(n).family for n in NAMES} | HEAD_FAMILIES == {s.name for s in STRATEGIES}
     for name, (kind, drafter_name) in NAMES.items():
         drafter = build_drafter(name, tiny_pair)
         assert isinstance(drafter, kind) and isinstance(drafter, Drafter), name
@@ -63,21 +67,35 @@ def test_parsed_parameters_and_defaults():
     assert parse_strategy("tree-2x2x1").params == (("branching", (2, 2, 1)),)
     assert parse_strategy("adaptive-heuristic").param("schedule") == "heuristic"
     assert parse_strategy("self-spec").arguments() == {"n_layers": None, "k": 4}
+    assert parse_strategy("medusa").arguments() == {"branching": (3, 2, 1, 1), "width": None, "depth": None,
+                                                    "budget": None}
+    assert parse_strategy("medusa-k2-d3-n6").params == (("width", 2), ("depth", 3), ("budget", 6))
+    assert parse_strategy("eagle").arguments() == {"topk": 4, "depth": 5, "budget": 16}
+    assert parse_strategy("eagle-chain-k3").family == "eagle-chain"
+    assert parse_strategy("eagle-chain").arguments() == {"k": 4}
+
+
+def test_head_strategies_without_trained_heads_name_the_training_command(tiny_pair, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECVIZ_CACHE", str(tmp_path))
+    for name, kind in (("medusa", "medusa"), ("eagle-k2-d3-n5", "eagle"), ("eagle-chain", "eagle")):
+        with pytest.raises(FileNotFoundError, match=rf"no trained {kind} heads for target 'tiny-qwen2-seed0'.*"
+                                                    rf"python -m specviz.heads train --kind {kind} --tiny"):
+            build_drafter(name, tiny_pair)
 
 
 def test_verifier_under_sampling():
     assert parse_strategy("chain-k4").verifier(0.7) == "chain"
     assert parse_strategy("self-spec").verifier(0.7) == "chain"
     assert parse_strategy("adaptive").verifier(0.7) == "chain"
-    for name in ("tree-2x1", "dynamic", "ngram", "ngram-trie", "merged"):
+    for name in ("tree-2x1", "dynamic", "ngram", "ngram-trie", "merged", "medusa", "eagle", "eagle-chain"):
         assert parse_strategy(name).verifier(0.7) == "topk"
         assert parse_strategy(name).verifier(0.0) == "greedy"
     assert parse_strategy("dynamic").verifier(0.7, "typical") == "typical"
 
 
 def test_bad_names_and_values_are_named(tiny_pair):
-    with pytest.raises(ValueError, match=r"unknown strategy 'medusa'; valid strategies: chain-k<K>"):
-        parse_strategy("medusa")
+    with pytest.raises(ValueError, match=r"unknown strategy 'hydra'; valid strategies: chain-k<K>"):
+        parse_strategy("hydra")
     with pytest.raises(ValueError, match="unknown strategy 'plain'"):
         build_drafter("plain", tiny_pair)
     with pytest.raises(ValueError, match=r"method 'chain-k0': k must be >= 1, got 0"):

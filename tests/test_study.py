@@ -49,7 +49,7 @@ def _parameters_cell(nb) -> nbformat.NotebookNode:
 
 def test_every_preset_runs_the_same_notebooks_in_the_same_order():
     orders = {name: [r.notebook for r in p.runs] for name, p in PRESETS.items()}
-    assert orders["smoke"] == orders["quick"] == orders["full"]
+    assert orders["smoke"] == orders["quick"] == orders["standard"] == orders["full"]
     assert orders["quick"] == sorted(orders["quick"])
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specviz.decode.engine import encode_prompt
-from specviz.decode.ranks import draft_ranks
+from specviz.decode.ranks import draft_candidates, draft_ranks
 from specviz.decode.records import records_from_result
 from specviz.decode.replay import greedy_reference, replay_acceptance, replay_dynamic, replay_shape
 from specviz.draft.registry import build_drafter
@@ -17,7 +17,7 @@ from specviz.draft.self_spec import self_speculative_model
 from specviz.metrics.acceptance import label_rows
 from specviz.study.prompts import Prompt
 from specviz.study.store import ResultStore
-from specviz.study.units import (DYNAMIC_STRATEGY, drafter_units, dynamic_units, layer_units, rank_units, ranks_from,
+from specviz.study.units import (DYNAMIC_STRATEGY, candidates_from, drafter_units, dynamic_units, layer_units, rank_units, ranks_from,
                                  reference_id, reference_units, references_from, shape_units, timed_units)
 from specviz.study.work import ModelSpec, Work
 from specviz.tree.budgets import budget_shapes, shape_key
@@ -62,6 +62,23 @@ def test_rank_units_store_teacher_forced_ranks_once(tiny_pair, reference, tmp_pa
     assert again.executed == 0
     times = ResultStore.open(tmp_path, "unit_times").frame()
     assert len(times) == 2 and (times["seconds"] > 0).all() and set(times["batch"]) == {"units"}
+
+
+def test_rank_units_with_k_store_ranks_and_candidates_from_one_forward(tiny_pair, reference):
+    work = Work(SPEC)
+    store = ResultStore(None)
+    ids = work.run(store, rank_units(SPEC, ["draft"], {7: reference}, k=4))
+    assert len(ids) == 1 and "/k4/" in ids[0]
+    probs, ranks = candidates_from(store, SPEC, "draft", reference, k=4)
+    want_probs, want_ranks = draft_candidates(tiny_pair.draft, reference.prompt_ids, reference.output_ids, k=4)
+    assert torch.allclose(probs, want_probs) and torch.equal(ranks, want_ranks)
+    assert torch.equal(ranks_from(store, SPEC, "draft", reference, k=4), ranks)
+    with pytest.raises(KeyError):
+        ranks_from(store, SPEC, "draft", reference)  # ranks without candidates are another unit
+    with pytest.raises(ValueError, match="k must be at least 1"):
+        candidates_from(store, SPEC, "draft", reference, k=0)
+    with pytest.raises(ValueError, match="k must be"):
+        rank_units(SPEC, ["draft"], {7: reference}, k=-1)
 
 
 def test_shape_units_store_labelled_replays(tiny_pair, reference, work):

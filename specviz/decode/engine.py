@@ -11,7 +11,10 @@ One step for every active sequence (batch row):
    logits ``(N_b, V)`` are exactly "the target's distribution after node i" that the
    verifiers expect;
 3. the verifier picks the accepted path and the bonus token; the drafter sees the
-   target's logits (:meth:`~specviz.draft.Drafter.observe_target`);
+   target's logits (:meth:`~specviz.draft.Drafter.observe_target`) and, if it asks for
+   them, the target's last hidden states at the nodes
+   (:meth:`~specviz.draft.Drafter.observe_hidden`; those of the prompt come from the
+   prefill);
 4. the cache keeps the prefix plus the root and the accepted path, moved into place
    (:func:`specviz.kvcache.compact_cache`); the bonus token becomes the next root.
 
@@ -19,7 +22,9 @@ Every step is recorded in a :class:`~specviz.decode.records.StepTrace` (tree,
 acceptance, target and draft probabilities at the nodes, the exact expected acceptance,
 wall times), every sequence in a :class:`~specviz.decode.records.GenerationResult`;
 sequences stop by :class:`~specviz.decode.records.StopRules`. :func:`plain_generate` is
-the target-only baseline and the reference for identity tests;
+the target-only baseline and the reference for identity tests
+(:func:`plain_generate_batch` decodes many prompts greedily at once, the fast way to
+record long references);
 :func:`specviz.decode.replay_acceptance` recomputes greedy acceptance for any drafter
 from a recorded greedy continuation without running the target on any tree.
 
@@ -28,7 +33,8 @@ under greedy decoding, where that view is one-hot, they are temperature-1 softma
 probabilities instead, which is what pictures and calibration want.
 
 Dimension legend: B = batch rows, N = tree nodes incl. root (Nmax over rows), P =
-committed prefix in the cache (Pmax over rows), L = committed tokens, V = vocabulary.
+committed prefix in the cache (Pmax over rows), L = committed tokens, V = vocabulary,
+E = hidden size.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ import torch
 
 from specviz.decode.records import GenerationResult, StepTrace, StopRules
 from specviz.draft.base import Drafter, draft_all
-from specviz.models.kvcache import cache_length, compact_cache, forward_tokens, new_cache, select_rows
+from specviz.models.kvcache import cache_length, compact_cache, forward_tokens, new_cache, select_rows, stack_caches
 from specviz.models.loading import LoadedModel, check_same_tokenizer
 from specviz.sampling import GREEDY, SamplingConfig, make_generator, probs_from_logits, sample
 from specviz.tree.core import DraftTree, depths, pad_masks, pad_trees
@@ -56,6 +62,7 @@ __all__ = [
     "speculative_generate",
     "speculative_generate_batch",
     "plain_generate",
+    "plain_generate_batch",
 ]
 
 
@@ -190,13 +197,16 @@ class _Row:
         self.tokens.extend(committed)
 
 
-def _prefill(target: LoadedModel, contexts: list[list[int]]):
-    """A cache holding every context except its last token (right-padded rows)."""
+def _prefill(target: LoadedModel, contexts: list[list[int]], hidden: bool = False):
+    """A cache holding every context except its last token (right-padded rows), and with
+    ``hidden`` the target's last hidden states there: one ``(len(c) - 1, E)`` tensor per
+    context (None without ``hidden``)."""
     cache = new_cache(target.model)
     lens = [len(c) - 1 for c in contexts]
     m = max(lens)
     if m == 0:
-        return cache
+        width = int(target.model.config.hidden_size)
+        return cache, ([torch.zeros(0, width) for _ in contexts] if hidden else None)
     b = len(contexts)
     ids = torch.zeros(b, m, dtype=torch.long)  # (B, m)
     for r, c in enumerate(contexts):
@@ -206,8 +216,11 @@ def _prefill(target: LoadedModel, contexts: list[list[int]]):
     if min(lens) != m:
         # causal within each row's own tokens; pad_masks puts padding after them
         allowed = pad_masks([torch.ones(n, n, dtype=torch.bool).tril() for n in lens], [0] * b)  # (B, m, m)
-    forward_tokens(target.model, cache, ids, pos, allowed, logits_to_keep=1)
-    return cache
+    out = forward_tokens(target.model, cache, ids, pos, allowed, logits_to_keep=1, hidden=hidden)
+    if not hidden:
+        return cache, None
+    states = out[1]  # (B, m, E)
+    return cache, [states[r, :n] for r, n in enumerate(lens)]
 
 
 def _finish(target: LoadedModel, row: _Row, start: float, drafter_name: str, verifier: str,
@@ -268,7 +281,13 @@ def _run(target: LoadedModel, drafters: list[Drafter], prompts: list[list[int]],
     for row in rows:
         row.drafter.reset()
     active = list(range(len(rows)))
-    cache = _prefill(target, [r.tokens for r in rows])
+    # drafters that read the target's hidden states get them after the prefill and after every step
+    want_hidden = any(row.drafter.needs_target_hidden for row in rows)
+    cache, prefill_hidden = _prefill(target, [r.tokens for r in rows], hidden=want_hidden)
+    if want_hidden:
+        for row, states in zip(rows, prefill_hidden):
+            if row.drafter.needs_target_hidden:
+                row.drafter.observe_hidden(None, states)
     while active:
         t0 = time.perf_counter()
         contexts = [torch.tensor(rows[i].tokens) for i in active]  # (L_b,) per row
@@ -289,8 +308,9 @@ def _run(target: LoadedModel, drafters: list[Drafter], prompts: list[list[int]],
         draft_time += time.perf_counter() - t0
         batch = pad_trees(trees, prefix, sides=sides)
         t0 = time.perf_counter()
-        logits = forward_tokens(target.model, cache, batch.tokens, batch.position_ids, batch.mask,
-                                attention=attention)  # (B, Nmax, V)
+        out = forward_tokens(target.model, cache, batch.tokens, batch.position_ids, batch.mask,
+                             attention=attention, hidden=want_hidden)
+        logits, hidden = out if want_hidden else (out, None)  # (B, Nmax, V), (B, Nmax, E)
         forward_time = time.perf_counter() - t0
         pmax = max(prefix)
         keep_rows, dst, src = [], [], []
@@ -302,6 +322,8 @@ def _run(target: LoadedModel, drafters: list[Drafter], prompts: list[list[int]],
                                 draft_time, forward_time, side)
             row.steps.append(trace)
             row.drafter.observe_target(trace, logits[b, :n], logits[b, n:n + s] if side is not None else None)
+            if hidden is not None and row.drafter.needs_target_hidden:
+                row.drafter.observe_hidden(trace, hidden[b, :n])
             row.drafter.observe(trace)
             acc = trace.acceptance
             row.commit(acc.committed_tokens, stops)
@@ -445,3 +467,98 @@ def plain_generate(target: LoadedModel, prompt: str | Sequence[int], *, max_new_
         prompt_ids=tuple(ids), output_ids=out, text=target.tokenizer.decode(list(out), skip_special_tokens=True),
         steps=(), wall_s=time.perf_counter() - start, stop_reason=reason, drafter="none",
         verifier="none", config=config, max_new_tokens=max_new_tokens)
+
+
+@torch.no_grad()
+def plain_generate_batch(target: LoadedModel, prompts: Sequence[str | Sequence[int]], *, max_new_tokens: int = 64,
+                         batch_size: int = 16, chat: bool = True, stop_at_eos: bool = True) -> list[GenerationResult]:
+    """Greedy target-only decoding of many prompts, ``batch_size`` rows per forward.
+
+    Each prompt is prefilled alone (the forward :func:`plain_generate` runs, so the first
+    new token is the same); then the rows of a batch decode together, one forward per
+    token for all of them, which reads the weights once for the whole batch instead of
+    once per row: on a CPU, where a one-token forward is bound by the bytes of weights it
+    reads, this multiplies the tokens per second. Prompts are batched in order of length
+    so that rows of a batch have similar cache lengths (results come back in the order
+    given). A row's cache keeps its own slots; the padding between them is masked out.
+
+    Matrix products over several rows may round differently from one-row products, so a
+    row can differ from :func:`plain_generate` where the target's top two tokens are
+    a near-tie; in fp32 that is rare (the tests compare both).
+
+    Args:
+        prompts: the prompts (strings or token ids), at least one.
+        batch_size: rows decoded together (1 decodes the prompts one by one).
+        Other arguments as in :func:`plain_generate` (greedy only).
+    """
+    if isinstance(prompts, (str, torch.Tensor)) or not len(prompts):
+        raise ValueError("prompts must be a non-empty list of prompts")
+    check_int("max_new_tokens", max_new_tokens)
+    check_int("batch_size", batch_size)
+    encoded = [encode_prompt(target.tokenizer, p, chat) for p in prompts]
+    for ids in encoded:
+        _check_prompt(target, ids)
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+    results: list[GenerationResult | None] = [None] * len(encoded)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        for i, result in zip(chunk, _plain_batch(target, [encoded[i] for i in chunk], max_new_tokens, stop_at_eos)):
+            results[i] = result
+    return results
+
+
+def _plain_batch(target: LoadedModel, prompts: list[list[int]], max_new_tokens: int,
+                 stop_at_eos: bool) -> list[GenerationResult]:
+    """One batch of :func:`plain_generate_batch`."""
+    start = time.perf_counter()
+    stops = stop_rules(target, max_new_tokens, stop_at_eos)
+    caches, tokens, reasons, walls = [], [], [], []
+    for ids in prompts:
+        cache = new_cache(target.model)
+        pos = torch.arange(len(ids))[None]  # (1, L)
+        logits = forward_tokens(target.model, cache, torch.tensor([ids]), pos, None, logits_to_keep=1)[0, -1]  # (V,)
+        nxt = int(logits.argmax())
+        _, reason = stops.commit([nxt], len(ids), 0)
+        caches.append(cache)
+        tokens.append(list(ids) + [nxt])
+        reasons.append(reason)
+        walls.append(time.perf_counter() - start if reason else 0.0)
+    active = [b for b, r in enumerate(reasons) if not r]
+    lengths = [len(prompts[b]) for b in active]  # real cache slots of each active row
+    cache = stack_caches(target.model, [caches[b] for b in active]) if active else None
+    del caches
+    smax = max(lengths) if active else 0
+    step = 0  # slots appended after the padded length smax
+    while active:
+        rows = len(active)
+        feed = torch.tensor([[tokens[b][-1]] for b in active])  # (B, 1)
+        pos = torch.tensor([[n + step] for n in lengths])  # (B, 1)
+        allowed = torch.zeros(rows, 1, smax + step + 1, dtype=torch.bool)  # (B, 1, Smax + step + 1)
+        for r, n in enumerate(lengths):
+            allowed[r, 0, :n] = True
+        allowed[:, 0, smax:] = True
+        logits = forward_tokens(target.model, cache, feed, pos, allowed)[:, -1]  # (B, V)
+        step += 1
+        keep = []
+        for r, b in enumerate(active):
+            nxt = int(logits[r].argmax())
+            _, reason = stops.commit([nxt], len(prompts[b]), len(tokens[b]) - len(prompts[b]))
+            tokens[b].append(nxt)
+            if reason:
+                reasons[b], walls[b] = reason, time.perf_counter() - start
+            else:
+                keep.append(r)
+        if len(keep) < rows:
+            if not keep:
+                break
+            select_rows(cache, keep)
+            active = [active[r] for r in keep]
+            lengths = [lengths[r] for r in keep]
+    out = []
+    for b, ids in enumerate(prompts):
+        new = tuple(tokens[b][len(ids):])
+        out.append(GenerationResult(
+            prompt_ids=tuple(ids), output_ids=new, text=target.tokenizer.decode(list(new), skip_special_tokens=True),
+            steps=(), wall_s=walls[b], stop_reason=reasons[b], drafter="none", verifier="none", config=GREEDY,
+            max_new_tokens=max_new_tokens))
+    return out

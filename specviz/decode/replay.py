@@ -15,7 +15,9 @@ target's own greedy continuation. So the target decodes each prompt once
 * **EAGLE-2 dynamic trees** (:func:`replay_dynamic`) depend on the draft's opinion off
   the accepted path, so the drafter really runs, but once per visited position for
   every budget together: the tree kept for the largest budget contains the tree of
-  every smaller budget (its top nodes by path score), so smaller budgets are reranks.
+  every smaller budget (its top nodes by path score), so smaller budgets are reranks;
+  :func:`replay_dynamic_batch` replays many references together, their draft forwards
+  batched.
 
 Every replay stops by the engine's :class:`~specviz.decode.records.StopRules`; shape and
 dynamic replays return :class:`~specviz.decode.records.StepRecord` objects, which
@@ -38,7 +40,7 @@ import torch
 from specviz.decode.engine import (_checked_tree, _check_drafter, _finish, _limit_depth, _Row, encode_prompt,
                                    plain_generate, stop_rules)
 from specviz.decode.records import GenerationResult, StepRecord, StepTrace, StopRules
-from specviz.draft.base import Drafter
+from specviz.draft.base import Drafter, draft_all
 from specviz.draft.model import DynamicTreeDrafter
 from specviz.models.loading import LoadedModel
 from specviz.sampling import GREEDY, make_generator
@@ -54,6 +56,7 @@ __all__ = [
     "greedy_reference",
     "replay_shape",
     "replay_dynamic",
+    "replay_dynamic_batch",
     "oracle_depth",
     "replay_oracle",
 ]
@@ -362,6 +365,58 @@ def _walk(tree: DraftTree, cont: list[int], generated: int, limit: int) -> tuple
     return len(kept), max((d[i] for i in kept), default=0), len(path), bool(kids[path[-1] if path else 0])
 
 
+class _DynamicReplay:
+    """The state of one :func:`replay_dynamic`: a drafter, and where each budget's replay is."""
+
+    def __init__(self, draft: LoadedModel, reference: GenerationResult, budgets: list[int], topk: int, depth: int,
+                 target: LoadedModel | None, stop_ids: Sequence[int] | None, max_new_tokens: int | None,
+                 max_context: int | None) -> None:
+        self.cont = _Continuation(reference, target, stop_ids, max_new_tokens, max_context)
+        self.drafter = DynamicTreeDrafter(draft, topk=topk, depth=depth, budget=budgets[-1])
+        self.drafter.reset()
+        self.prompt = list(reference.prompt_ids)
+        self.position = {b: 0 for b in budgets}
+        self.records: dict[int, list[StepRecord]] = {b: [] for b in budgets}
+        self.active = set(budgets)
+        self.generated = 0
+
+    def context(self) -> torch.Tensor | None:
+        """``(L,)`` the context the drafter drafts at next (the earliest position an
+        unfinished budget's replay is at), None when every budget is done."""
+        if not self.active:
+            return None
+        self.generated = min(self.position[b] for b in self.active)
+        return torch.tensor(self.prompt + self.cont.tokens[:self.generated])
+
+    def take(self, full: DraftTree) -> None:
+        """Walk the tree drafted at :meth:`context` for every budget replaying from there."""
+        generated, cont = self.generated, self.cont
+        scores = _path_scores(full)
+        for b in sorted(self.active):
+            if self.position[b] != generated:
+                continue
+            tree = _top_nodes(full, scores, b)
+            drafted, tree_depth, accepted, extendable = _walk(tree, cont.tokens, generated, cont.room(generated) - 1)
+            committed, done = cont.commit(generated, accepted)
+            self.records[b].append(StepRecord(step=len(self.records[b]), position=generated, drafted=drafted,
+                                              depth=tree_depth, accepted=accepted, extendable=extendable,
+                                              committed=committed))
+            self.position[b] = generated + committed
+            if done:
+                self.active.discard(b)
+
+    def result(self) -> dict[int, tuple[StepRecord, ...]]:
+        return {b: tuple(r) for b, r in self.records.items()}
+
+
+def _dynamic_budgets(budgets: Sequence[int]) -> list[int]:
+    budgets = sorted(set(budgets))
+    if not budgets:
+        raise ValueError("budgets must name at least one budget")
+    check_ints("budgets", budgets)
+    return budgets
+
+
 def replay_dynamic(draft: LoadedModel, reference: GenerationResult, budgets: Sequence[int], *, topk: int = 4,
                    depth: int = 5, target: LoadedModel | None = None, stop_ids: Sequence[int] | None = None,
                    max_new_tokens: int | None = None,
@@ -379,33 +434,40 @@ def replay_dynamic(draft: LoadedModel, reference: GenerationResult, budgets: Seq
     Returns:
         ``{budget: steps}`` for every budget given.
     """
-    budgets = sorted(set(budgets))
-    if not budgets:
-        raise ValueError("budgets must name at least one budget")
-    check_ints("budgets", budgets)
-    cont = _Continuation(reference, target, stop_ids, max_new_tokens, max_context)
-    drafter = DynamicTreeDrafter(draft, topk=topk, depth=depth, budget=budgets[-1])
-    drafter.reset()
-    prompt = list(reference.prompt_ids)
-    position = {b: 0 for b in budgets}
-    records: dict[int, list[StepRecord]] = {b: [] for b in budgets}
-    active = set(budgets)
-    while active:
-        generated = min(position[b] for b in active)
-        context_ids = torch.tensor(prompt + cont.tokens[:generated])  # (L,)
-        full = drafter.draft(context_ids, GREEDY, "greedy", None)
-        scores = _path_scores(full)
-        for b in sorted(active):
-            if position[b] != generated:
-                continue
-            tree = _top_nodes(full, scores, b)
-            drafted, tree_depth, accepted, extendable = _walk(tree, cont.tokens, generated,
-                                                              cont.room(generated) - 1)
-            committed, done = cont.commit(generated, accepted)
-            records[b].append(StepRecord(step=len(records[b]), position=generated, drafted=drafted,
-                                         depth=tree_depth, accepted=accepted, extendable=extendable,
-                                         committed=committed))
-            position[b] = generated + committed
-            if done:
-                active.discard(b)
-    return {b: tuple(r) for b, r in records.items()}
+    state = _DynamicReplay(draft, reference, _dynamic_budgets(budgets), topk, depth, target, stop_ids,
+                           max_new_tokens, max_context)
+    while (context := state.context()) is not None:
+        state.take(state.drafter.draft(context, GREEDY, "greedy", None))
+    return state.result()
+
+
+def replay_dynamic_batch(draft: LoadedModel, references: Sequence[GenerationResult], budgets: Sequence[int], *,
+                         topk: int = 4, depth: int = 5, target: LoadedModel | None = None,
+                         stop_ids: Sequence[int] | None = None, max_new_tokens: int | None = None,
+                         max_context: int | None = None) -> list[dict[int, tuple[StepRecord, ...]]]:
+    """:func:`replay_dynamic` of several references at once, their draft forwards batched.
+
+    Every reference keeps its own drafter and cache and runs exactly the logic of
+    :func:`replay_dynamic`; only the draft-model forwards that the replays need at the
+    same moment run as one batched forward (:func:`specviz.draft.draft_all`), which reads
+    the draft's weights once for all of them. Results equal one :func:`replay_dynamic`
+    per reference up to the floating-point rounding of batched products. References of
+    similar prompt length batch best (the first forward of each drafter feeds its whole
+    prompt, padded to the longest).
+
+    Returns:
+        one ``{budget: steps}`` per reference, in order.
+    """
+    if isinstance(references, GenerationResult) or not len(references):
+        raise ValueError("references must be a non-empty list of greedy references")
+    budgets = _dynamic_budgets(budgets)
+    states = [_DynamicReplay(draft, ref, budgets, topk, depth, target, stop_ids, max_new_tokens, max_context)
+              for ref in references]
+    while True:
+        live = [(state, context) for state in states if (context := state.context()) is not None]
+        if not live:
+            break
+        trees = draft_all([s.drafter for s, _ in live], [c for _, c in live], GREEDY, "greedy", [None] * len(live))
+        for (state, _), tree in zip(live, trees):
+            state.take(tree)
+    return [state.result() for state in states]

@@ -19,10 +19,12 @@ The strategies live next door: :mod:`~specviz.draft.model` (static trees, chains
 EAGLE-2 dynamic trees), :mod:`~specviz.draft.adaptive` (chains of adaptive length),
 :mod:`~specviz.draft.self_spec` (the target's first layers), :mod:`~specviz.draft.ngram`
 (prompt lookup), :mod:`~specviz.draft.merged` (SpecInfer's merge of several drafters);
-:mod:`~specviz.draft.registry` names them all and builds any of them by name.
+:mod:`~specviz.draft.registry` names them all and builds any of them by name. Drafters
+that run trained heads on the target's hidden states live in :mod:`specviz.heads`.
 
 Dimension legend: L = committed length, N = tree nodes incl. root, V = vocabulary,
-S = cached slots, n = nodes fed in one forward, B = sequences batched in one forward.
+S = cached slots, n = nodes fed in one forward, B = sequences batched in one forward,
+H = the target's hidden size.
 """
 
 from __future__ import annotations
@@ -73,6 +75,10 @@ class Drafter(ABC):
     #: True for drafters that guess from the target's outputs of earlier steps
     #: (:meth:`observe_target`), which a replay without target calls cannot supply
     needs_target_outputs: bool = False
+    #: True for drafters that read the target's last hidden states (the input of its LM
+    #: head): the engine then passes them to :meth:`observe_hidden` after the prefill and
+    #: after every verification
+    needs_target_hidden: bool = False
 
     @abstractmethod
     def draft(self, context: torch.Tensor, config: SamplingConfig, sibling_sampling: str,
@@ -115,6 +121,19 @@ class Drafter(ABC):
         logits at the tree's nodes and ``(S, V)`` at the side branch (None when the step
         fed none). Drafters that learn from the target's outputs (Jacobi iteration,
         lookahead's n-gram pool) override it; no-op by default."""
+
+    def observe_hidden(self, step, hidden: torch.Tensor) -> None:  # noqa: B027 - optional hook
+        """Called by the engine, for drafters whose :attr:`needs_target_hidden` is True, with
+        the target's last hidden states (the input of its LM head, float32):
+
+        * after the prefill, with ``step`` None and ``hidden`` ``(L - 1, H)`` at the
+          committed tokens except the last (the tokens the prefill ran the target on; the
+          next :meth:`draft` receives those tokens plus the last as its context);
+        * after each verification, with the step's :class:`~specviz.decode.StepTrace` and
+          ``hidden`` ``(N, H)`` at the tree's nodes (the root and the accepted nodes are
+          the ones that become committed).
+
+        No-op by default."""
 
     def reset(self) -> None:  # noqa: B027 - optional hook, no-op by default
         """Forget all per-sequence state (caches, statistics)."""

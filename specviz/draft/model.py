@@ -6,7 +6,8 @@
 * :class:`TreeDrafter` - a static :class:`~specviz.tree.shapes.TreeShape` filled with the
   draft's ranked (or sampled) candidates; :class:`ChainDrafter` is the chain shape;
 * :class:`DynamicTreeDrafter` - EAGLE-2: grow by cumulative draft log-probability,
-  keep the global top-k per depth, rerank everything to the top ``budget`` nodes.
+  keep the global top-k per depth, rerank everything to the top ``budget`` nodes
+  (:func:`grow_dynamic_tree`, which any draft that gives logits can drive).
 
 Probabilities recorded on the tree (``tree.q``) are the draft distribution the siblings
 came from (after the sampling configuration); under greedy decoding, where that
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import math
 from abc import abstractmethod
-from typing import Sequence
+from typing import Generator, Sequence
 
 import torch
 
@@ -30,6 +31,7 @@ from specviz.sampling import (
     SamplingConfig,
     check_sibling_sampling,
     probs_from_logits,
+    require_deterministic_siblings,
     siblings_sampled,
 )
 from specviz.tree.core import DraftTree
@@ -44,6 +46,7 @@ __all__ = [
     "TreeDrafter",
     "ChainDrafter",
     "DynamicTreeDrafter",
+    "grow_dynamic_tree",
 ]
 
 
@@ -233,48 +236,74 @@ class DynamicTreeDrafter(ModelDrafter):
         super().__init__(draft)
 
     def draft_steps(self, context, config, sibling_sampling, generator):
-        check_sibling_sampling(sibling_sampling)
-        if siblings_sampled(config, sibling_sampling):
-            raise ValueError(
-                f"{self.name} drafts deterministic top-k siblings; under sampling use a verifier with "
-                f"sibling_sampling 'topk' (e.g. 'topk' or 'typical'), not {sibling_sampling!r}")
+        require_deterministic_siblings(self.name, config, sibling_sampling)
         ctx = self._context(context)
         root_logits = (yield self.state.sync(ctx))[-1]  # (V,)
-        # Pool of every proposed node: token, pool parent (-1 = root), path score, q, rank.
-        tok: list[int] = []
-        par: list[int] = []
-        score: list[float] = []
-        qv: list[float] = []
-        rank: list[int] = []
-        frontier, frontier_logits = [-1], root_logits[None]  # (n, V)
-        frontier_score = [0.0]
-        handle = {-1: -1}
-        for d in range(1, self.depth + 1):
-            dist = draft_distribution(frontier_logits, config)  # (n, V)
-            top_p, top_i = torch.topk(dist, self.topk, dim=-1)  # (n, k)
-            new = []
-            for row, parent in enumerate(frontier):
-                for r in range(self.topk):
-                    p = float(top_p[row, r])
-                    if p <= 0.0:
-                        break
-                    new.append(len(tok))
-                    tok.append(int(top_i[row, r]))
-                    par.append(parent)
-                    score.append(frontier_score[row] + math.log(p))
-                    qv.append(p)
-                    rank.append(r)
-            if d == self.depth or not new:
-                break
-            frontier = sorted(new, key=lambda i: (-score[i], i))[:self.topk]
-            frontier.sort()
-            request, handles = self.state.expand([tok[i] for i in frontier], [handle[par[i]] for i in frontier])
-            frontier_logits = yield request  # (n, V)
-            frontier_score = [score[i] for i in frontier]
-            handle.update(zip(frontier, handles))
-        keep = sorted(sorted(range(len(tok)), key=lambda i: (-score[i], i))[:self.budget])
-        index = {-1: 0}
-        for j, i in enumerate(keep):
-            index[i] = j + 1
-        return drafted_tree(ctx[-1], [tok[i] for i in keep], [index[par[i]] for i in keep],
-                           [qv[i] for i in keep], [rank[i] for i in keep], None)
+        grow = grow_dynamic_tree(ctx[-1], root_logits, config, self.topk, self.depth, self.budget)
+        handle = {-1: -1}  # pool node -> its draft-cache handle
+        try:
+            frontier = next(grow)
+            while True:
+                request, handles = self.state.expand([t for _, t, _ in frontier], [handle[p] for _, _, p in frontier])
+                logits = yield request  # (n, V)
+                handle.update(zip([i for i, _, _ in frontier], handles))
+                frontier = grow.send(logits)
+        except StopIteration as done:
+            return done.value
+
+
+def grow_dynamic_tree(root: int, root_logits: torch.Tensor, config: SamplingConfig, topk: int, depth: int,
+                      budget: int) -> Generator[list[tuple[int, int, int]], torch.Tensor, DraftTree]:
+    """EAGLE-2's tree growth for any draft that scores a node's children from logits.
+
+    A generator: it yields each new frontier as ``(node, token, parent)`` triples (``node``
+    and ``parent`` are ids in the pool of proposed nodes, -1 = the root), receives the
+    draft's ``(n, V)`` logits after each frontier node, and returns the reranked
+    :class:`~specviz.tree.DraftTree`. Every proposed node is scored by the cumulative
+    draft log-probability of its path; each frontier node proposes its ``topk`` best
+    children (children of zero probability are skipped), the global ``topk`` of those
+    become the next frontier, and after ``depth`` depths the ``budget`` best nodes of the
+    whole pool are kept. :class:`DynamicTreeDrafter` drives it with a draft model, the
+    EAGLE drafter of :mod:`specviz.heads` with a feature head.
+
+    Args:
+        root: the root's token (the last committed token).
+        root_logits: ``(V,)`` the draft's logits after the root.
+        config: the sampling configuration (greedy: temperature-1 probabilities).
+        topk, depth, budget: as in :class:`DynamicTreeDrafter`.
+    """
+    # Pool of every proposed node: token, pool parent (-1 = root), path score, q, rank.
+    tok: list[int] = []
+    par: list[int] = []
+    score: list[float] = []
+    qv: list[float] = []
+    rank: list[int] = []
+    frontier, frontier_logits = [-1], root_logits[None]  # (n, V)
+    frontier_score = [0.0]
+    for d in range(1, depth + 1):
+        dist = draft_distribution(frontier_logits, config)  # (n, V)
+        top_p, top_i = torch.topk(dist, min(topk, dist.shape[-1]), dim=-1)  # (n, k)
+        new = []
+        for row, parent in enumerate(frontier):
+            for r in range(top_p.shape[-1]):
+                p = float(top_p[row, r])
+                if p <= 0.0:
+                    break
+                new.append(len(tok))
+                tok.append(int(top_i[row, r]))
+                par.append(parent)
+                score.append(frontier_score[row] + math.log(p))
+                qv.append(p)
+                rank.append(r)
+        if d == depth or not new:
+            break
+        frontier = sorted(new, key=lambda i: (-score[i], i))[:topk]
+        frontier.sort()
+        frontier_logits = yield [(i, tok[i], par[i]) for i in frontier]  # (n, V)
+        frontier_score = [score[i] for i in frontier]
+    keep = sorted(sorted(range(len(tok)), key=lambda i: (-score[i], i))[:budget])
+    index = {-1: 0}
+    for j, i in enumerate(keep):
+        index[i] = j + 1
+    return drafted_tree(root, [tok[i] for i in keep], [index[par[i]] for i in keep],
+                        [qv[i] for i in keep], [rank[i] for i in keep], None)

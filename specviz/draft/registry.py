@@ -2,7 +2,9 @@
 explorer and the notebooks.
 
 A *method name* is a family plus its parameters, e.g. ``chain-k4``, ``tree-2x2x1``,
-``dynamic-k4-d5-n16`` or just ``dynamic`` (every parameter at its default).
+``dynamic-k4-d5-n16`` or just ``dynamic`` (every parameter at its default). The
+``medusa``, ``eagle`` and ``eagle-chain`` families draft with heads trained for the
+target (:mod:`specviz.heads`), found in the specviz cache when the drafter is built.
 :func:`parse_strategy` turns a name into a :class:`MethodSpec` and :func:`build_drafter`
 builds its :class:`~specviz.draft.base.Drafter` for a :class:`~specviz.models.ModelPair`.
 
@@ -166,6 +168,26 @@ def _tree(pair, a: dict[str, Any]) -> Drafter:
     return TreeDrafter(pair.draft, budgeted_kary(a["width"], a["depth"], a["budget"]))
 
 
+def _medusa(pair, a: dict[str, Any]) -> Drafter:
+    from specviz.heads.drafters import MedusaDrafter
+    from specviz.heads.training import load_cached_heads
+
+    heads = load_cached_heads(pair.target, "medusa")
+    if a["width"] is not None:
+        return MedusaDrafter(pair.target, heads, budgeted_kary(a["width"], a["depth"], a["budget"]))
+    return MedusaDrafter(pair.target, heads, expansion(list(a["branching"])))
+
+
+def _eagle(pair, a: dict[str, Any]) -> Drafter:
+    from specviz.heads.drafters import EagleDrafter
+    from specviz.heads.training import load_cached_heads
+
+    head = load_cached_heads(pair.target, "eagle")
+    if a.get("k") is not None:  # a chain
+        return EagleDrafter(pair.target, head, topk=1, depth=a["k"], budget=a["k"])
+    return EagleDrafter(pair.target, head, topk=a["topk"], depth=a["depth"], budget=a["budget"])
+
+
 def _self_spec(pair, a: dict[str, Any]) -> Drafter:
     n_layers = a["n_layers"] if a["n_layers"] is not None else pair.target.model.config.num_hidden_layers // 2
     return SelfSpeculativeDrafter(pair.target, n_layers=n_layers, shape=chain(a["k"]))
@@ -213,6 +235,17 @@ STRATEGIES: tuple[Strategy, ...] = (
     Strategy("self-spec", "self-spec[-L<LAYERS>][-k<K>]", r"self-spec(?:-L(\d+))?(?:-k(\d+))?",
              (Param("n_layers"), Param("k", 4)),
              "target's first LAYERS layers draft a chain of K (default half the layers, k4)", "chain", _self_spec),
+    Strategy("medusa", "medusa[-<B1>x<B2>x...|-k<W>-d<D>-n<N>]", r"medusa(?:-(\d+(?:x\d+)*)|-k(\d+)-d(\d+)-n(\d+))?",
+             (Param("branching", (3, 2, 1, 1), "ints"), Param("width"), Param("depth"), Param("budget")),
+             "Medusa heads trained for the target (python -m specviz.heads train --kind medusa): head D's top "
+             "B_D candidates at depth D, or the first N nodes of the W-ary tree of depth D (default 3x2x1x1)",
+             "topk", _medusa),
+    Strategy("eagle", "eagle[-k<TOPK>-d<DEPTH>-n<BUDGET>]", r"eagle(?:-k(\d+)-d(\d+)-n(\d+))?",
+             (Param("topk", 4), Param("depth", 5), Param("budget", 16)),
+             "EAGLE-2 dynamic tree of a feature head trained for the target (python -m specviz.heads train "
+             "--kind eagle; default k4-d5-n16)", "topk", _eagle),
+    Strategy("eagle-chain", "eagle-chain[-k<K>]", r"eagle-chain(?:-k(\d+))?", (Param("k", 4),),
+             "chain of K tokens of the trained EAGLE feature head (default k4)", "topk", _eagle),
 )
 
 
@@ -255,6 +288,8 @@ def build_drafter(spec: MethodSpec | str, pair) -> Drafter:
     Raises:
         ValueError: an unknown name, a method that is not a strategy, or parameters
             invalid for the models (e.g. more self-speculative layers than the target has).
+        FileNotFoundError: a ``medusa`` / ``eagle`` strategy for a target without trained
+            heads in the specviz cache (the message gives the command that trains them).
     """
     if isinstance(spec, str):
         spec = parse_strategy(spec)

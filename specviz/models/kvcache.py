@@ -4,7 +4,8 @@ specviz runs the model classes of ``transformers`` unchanged. What it adds is ho
 draft tree goes through them and what stays in the cache afterwards:
 
 * :func:`forward_tokens` - one forward of new tokens on top of a ``DynamicCache`` with
-  explicit position ids and an explicit 4D mask (the tree mask), returning fp32 logits;
+  explicit position ids and an explicit 4D mask (the tree mask), returning fp32 logits
+  (and, on request, the last hidden states, the input of the LM head);
   a masked forward attends with specviz's tree attention (:mod:`specviz.attention.hf`)
   or, as the reference, with transformers' ``sdpa``;
 * :func:`compact_cache` - after acceptance keep, per batch row, the committed prefix
@@ -22,11 +23,13 @@ tensors in the model's dtype (0 where a query may attend, the dtype's minimum wh
 may not), the form every attention implementation of transformers accepts.
 
 Dimension legend: B = batch rows, N = new tokens this forward, S = cache slots before
-the forward, H = key/value heads, D = head size, V = vocabulary, M = kept path length.
+the forward, H = key/value heads, D = head size, V = vocabulary, M = kept path length,
+E = hidden size.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Sequence
 
 import torch
@@ -45,6 +48,7 @@ __all__ = [
     "stack_caches",
     "split_cache",
     "additive_mask",
+    "decoder_of",
     "forward_tokens",
 ]
 
@@ -183,10 +187,41 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return out[:, None]  # (B, 1, N, K)
 
 
+def decoder_of(model):
+    """The decoder stack of a transformers causal LM (``model.model`` for Llama-style
+    models): the module whose output, after the final norm, is the LM head's input.
+
+    Raises:
+        ValueError: the model has no such submodule.
+    """
+    prefix = getattr(model, "base_model_prefix", "model") or "model"
+    decoder = getattr(model, prefix, None)
+    if decoder is None or not hasattr(decoder, "layers"):
+        raise ValueError(f"{type(model).__name__} has no decoder stack at .{prefix} with .layers; "
+                         "specviz reads last hidden states from Llama-style causal LMs")
+    return decoder
+
+
+@contextlib.contextmanager
+def _capture_hidden(model):
+    """Collect the decoder's ``last_hidden_state`` (after the final norm) of the forwards
+    run inside the block into the yielded list."""
+    captured: list[torch.Tensor] = []
+
+    def hook(module, args, output):
+        captured.append(output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0])
+
+    handle = decoder_of(model).register_forward_hook(hook)
+    try:
+        yield captured
+    finally:
+        handle.remove()
+
+
 @torch.no_grad()
 def forward_tokens(model, cache: DynamicCache, tokens: torch.Tensor, position_ids: torch.Tensor,
                    allowed: torch.Tensor | None, logits_to_keep: int = 0, *,
-                   attention: str = "specviz") -> torch.Tensor:
+                   attention: str = "specviz", hidden: bool = False):
     """Run ``model`` on new ``tokens`` after the cached slots; the cache grows by N.
 
     Args:
@@ -205,12 +240,24 @@ def forward_tokens(model, cache: DynamicCache, tokens: torch.Tensor, position_id
             or ``"sdpa"`` (transformers' own, the reference). The model's implementation
             is switched for this call only. A forward without a mask keeps the model's own.
 
+        hidden: also return the model's last hidden states at every new token (the
+            output of its final norm, the input of its LM head), whatever
+            ``logits_to_keep`` is.
+
     The inputs may be on the CPU: they go to the model's device, and the logits come back
     to the CPU (which waits for the device, so a timed forward is synchronised).
 
     Returns:
-        ``(B, N, V)`` float32 CPU logits (``(B, logits_to_keep, V)`` when it is set).
+        ``(B, N, V)`` float32 CPU logits (``(B, logits_to_keep, V)`` when it is set); with
+        ``hidden``, the pair ``(logits, hidden)`` with ``hidden`` ``(B, N, E)`` float32 on
+        the CPU. The logits are the same either way.
     """
+    if hidden:
+        with _capture_hidden(model) as captured:
+            logits = forward_tokens(model, cache, tokens, position_ids, allowed, logits_to_keep, attention=attention)
+        if len(captured) != 1:
+            raise RuntimeError(f"expected one decoder forward, saw {len(captured)}")
+        return logits, captured[0].float().cpu()  # (B, N, V), (B, N, E)
     check_choice("attention", attention, ATTENTION_CHOICES)
     s = cache_length(cache)
     b, n = tokens.shape

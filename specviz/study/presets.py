@@ -82,8 +82,34 @@ _SPEED = "06_end_to_end_speed.ipynb"
 _REPORT = "08_report.ipynb"
 _LOOKAHEAD = "09_lookahead.ipynb"
 
+#: The default study's notebook runs; ``standard`` replaces its acceptance study (03).
+_QUICK_RUNS = (
+    NotebookRun(_QUICKSTART),
+    NotebookRun(_TREES),
+    NotebookRun(_ACCEPTANCE, {"prompt_limit": 7, "max_new_tokens": 32, "budgets": [4, 8, 16, 32, 64],
+                              "cross_check": False, "sampled_stride": 16}),
+    NotebookRun(_RULES, {"trials": 2000, "expected_trees": 100, "prompt_limit": 2, "real_max_new_tokens": 32,
+                         "real_stride": 16}),
+    NotebookRun(_TIMING, {"batch_sizes": [1, 2, 4], "prefix_lens": [128, 512, 1024],
+                          "budgets": [4, 8, 16, 32, 64], "warmup": 2, "repeats": 5}),
+    NotebookRun(_SPEED, {"prompt_limit": 2, "max_new_tokens": 32,
+                         "methods": ["chain-k4", "dynamic-k4-d5-n16", "ngram"],
+                         "sequoia_budgets": [8], "cost_sizes": [1, 2, 4, 8, 16, 64]}),
+    NotebookRun(_REPORT),
+    NotebookRun(_LOOKAHEAD, {"prompt_limit": 3, "max_new_tokens": 32, "sweep_windows": [5], "sweep_ngrams": [4],
+                             "sweep_guesses": [5], "others": ["ngram"], "cost_sizes": [1, 2, 4, 8, 16, 32]}),
+)
+
+#: Notebook 03 in ``standard``: every prompt x 128 tokens. References are decoded 63 at a
+#: time and the dynamic-tree replays (on every third prompt) 21 at a time, with all cores.
+_STANDARD_ACCEPTANCE = {"prompt_limit": 0, "max_new_tokens": 128, "budgets": [4, 8, 16, 32, 64],
+                        "threads": 0, "reference_batch": 63, "dynamic_prompts": 21, "dynamic_batch": 21,
+                        "cross_check": False, "sampled_prompts": 4, "sampled_stride": 32}
+
 #: The presets, by name. ``smoke`` is the smallest run of every notebook (the tests use
-#: it), ``quick`` the default study, ``full`` everything at full size. Notebooks run in
+#: it), ``quick`` the default study, ``standard`` quick with the acceptance study (03) on
+#: every prompt x 128 tokens (the committed reference results), ``full`` everything at
+#: full size. Notebooks run in
 #: the order of their numbers; the report (08) reads the tables of 01-06.
 PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
     Preset("smoke", "every notebook at its smallest size: checks an installation in a few minutes", (
@@ -104,27 +130,18 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
                                  "sweep_guesses": [5], "context_pool": False, "others": ["ngram"],
                                  "cost_sizes": [1, 16], "cost_prefix": 32, "cost_repeats": 1, "lab_trials": 200}),
     ), report="08_report"),
-    Preset("quick", "the default study: about 25 minutes on a 2-core CPU (16 for 01-08)", (
-        NotebookRun(_QUICKSTART),
-        NotebookRun(_TREES),
-        NotebookRun(_ACCEPTANCE, {"prompt_limit": 7, "max_new_tokens": 32, "budgets": [4, 8, 16, 32, 64],
-                                  "cross_check": False, "sampled_stride": 16}),
-        NotebookRun(_RULES, {"trials": 2000, "expected_trees": 100, "prompt_limit": 2, "real_max_new_tokens": 32,
-                             "real_stride": 16}),
-        NotebookRun(_TIMING, {"batch_sizes": [1, 2, 4], "prefix_lens": [128, 512, 1024],
-                              "budgets": [4, 8, 16, 32, 64], "warmup": 2, "repeats": 5}),
-        NotebookRun(_SPEED, {"prompt_limit": 2, "max_new_tokens": 32,
-                             "methods": ["chain-k4", "dynamic-k4-d5-n16", "ngram"],
-                             "sequoia_budgets": [8], "cost_sizes": [1, 2, 4, 8, 16, 64]}),
-        NotebookRun(_REPORT),
-        NotebookRun(_LOOKAHEAD, {"prompt_limit": 3, "max_new_tokens": 32, "sweep_windows": [5], "sweep_ngrams": [4],
-                                 "sweep_guesses": [5], "others": ["ngram"], "cost_sizes": [1, 2, 4, 8, 16, 32]}),
-    ), report="08_report"),
+    Preset("quick", "the default study: about 25 minutes on a 2-core CPU (16 for 01-08)", _QUICK_RUNS,
+           report="08_report"),
+    Preset("standard", "the acceptance study (03) on every prompt x 128 tokens, the rest as in quick: "
+           "about an hour on a 2-core CPU", tuple(
+               NotebookRun(_ACCEPTANCE, _STANDARD_ACCEPTANCE) if r.notebook == _ACCEPTANCE else r
+               for r in _QUICK_RUNS), report="08_report"),
     Preset("full", "every prompt and budget, longer generations, more repeats and trials", (
         NotebookRun(_QUICKSTART, {"max_new_tokens": 128}),
         NotebookRun(_TREES),
         NotebookRun(_ACCEPTANCE, {"prompt_limit": 0, "max_new_tokens": 128, "budgets": [4, 8, 16, 32, 64],
-                                  "dynamic_depth": 6, "sampled_prompts": 7, "sampled_stride": 16}),
+                                  "dynamic_depth": 6, "sampled_prompts": 7, "sampled_stride": 16,
+                                  "threads": 0, "reference_batch": 32, "dynamic_batch": 16}),
         NotebookRun(_RULES, {"trials": 10000, "expected_trees": 400, "prompt_limit": 7, "real_max_new_tokens": 128,
                              "real_stride": 16}),
         NotebookRun(_TIMING, {"batch_sizes": [1, 2, 4, 8], "prefix_lens": [128, 512, 1024, 2048],

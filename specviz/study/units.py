@@ -4,16 +4,17 @@ the notebook's process or on a Dask cluster.
 
 Every unit names its models by :class:`~specviz.study.work.ModelSpec` and carries the
 token ids it works on, so a worker process can run it from its id and arguments alone.
-Unit ids end with the greedy reference's key (:func:`reference_id`: target, weight mode,
-token budget and a hash of the prompt text), so a unit never reads back a result
-computed for another prompt or model.
+Unit ids end with the greedy reference's key (target, weight mode, token budget and a
+hash of the prompt and its continuation), so a unit never reads back a result computed
+for another prompt, model or reference.
 
 * :func:`reference_units` - the target's greedy continuations (:func:`references_from`
   reads them back as :class:`~specviz.decode.GenerationResult` objects);
-* :func:`rank_units` - teacher-forced draft ranks along a reference;
-  :func:`candidate_units` - the draft's top-k probabilities there (calibration);
+* :func:`rank_units` - teacher-forced draft ranks along a reference, with the draft's
+  top-k probabilities there when asked (the calibration data of :func:`candidates_from`);
 * :func:`shape_units`, :func:`dynamic_units`, :func:`drafter_units` - greedy replays of
-  static shapes, EAGLE-2 dynamic trees and model-free drafters, stored as labelled step
+  static shapes, EAGLE-2 dynamic trees (:func:`dynamic_batch_units`: many references
+  with their draft forwards batched) and model-free drafters, stored as labelled step
   rows (:func:`~specviz.metrics.label_rows` of :class:`~specviz.decode.StepRecord`);
   :func:`oracle_units` - the hindsight oracle of rank-ordered trees, stored the same way;
 * :func:`layer_units` - top-1/top-2 agreement of truncated targets (self-speculation);
@@ -41,6 +42,7 @@ from specviz.draft.base import Drafter
 from specviz.study.work import ModelSpec, Unit, draft_source, models_for
 from specviz.tree.budgets import shape_key
 from specviz.tree.shapes import TreeShape
+from specviz.validate import check_int
 
 __all__ = [
     "DYNAMIC_STRATEGY",
@@ -49,11 +51,11 @@ __all__ = [
     "references_from",
     "rank_units",
     "ranks_from",
-    "candidate_units",
     "candidates_from",
     "shape_units",
     "oracle_units",
     "dynamic_units",
+    "dynamic_batch_units",
     "drafter_units",
     "layer_units",
     "engine_units",
@@ -74,11 +76,19 @@ def _model_tag(models: ModelSpec) -> str:
     return f"{target}/{models.dtype}"
 
 
-def reference_id(models: ModelSpec, prompt: Prompt, max_new_tokens: int) -> str:
-    """Unit id of a greedy reference: ``<target>/<mode>/T<tokens>/<hash of the prompt text>``
-    (``tiny-<seed>`` for the tiny pair)."""
+def reference_id(models: ModelSpec, prompt: Prompt, max_new_tokens: int, batch_size: int = 1) -> str:
+    """Id of a greedy reference: ``<target>/<mode>/T<tokens>/<hash of the prompt text>``
+    (``tiny-<seed>`` for the tiny pair; ``.../T<tokens>/b<batch_size>/...`` for one decoded
+    in batches, which may round differently). It is the unit id of a one-prompt reference
+    and the ``reference`` field of a batched one's row."""
     digest = hashlib.sha256(prompt.text.encode()).hexdigest()[:16]
-    return f"{_model_tag(models)}/T{max_new_tokens}/{digest}"
+    batched = f"b{batch_size}/" if batch_size > 1 else ""
+    return f"{_model_tag(models)}/T{max_new_tokens}/{batched}{digest}"
+
+
+def _result_row(ref: GenerationResult) -> dict[str, Any]:
+    return {"prompt_ids": list(ref.prompt_ids), "output_ids": list(ref.output_ids), "text": ref.text,
+            "wall_s": ref.wall_s, "stop_reason": ref.stop_reason}
 
 
 def _reference_row(models: ModelSpec, text: str, max_new_tokens: int) -> dict[str, Any]:
@@ -86,73 +96,114 @@ def _reference_row(models: ModelSpec, text: str, max_new_tokens: int) -> dict[st
 
     target = models_for(models).target
     ids = encode_prompt(target.tokenizer, text)
-    ref = plain_generate(target, ids, max_new_tokens=max_new_tokens, config=GREEDY, stop_at_eos=False)
-    return {"prompt_ids": list(ref.prompt_ids), "output_ids": list(ref.output_ids), "text": ref.text,
-            "wall_s": ref.wall_s, "stop_reason": ref.stop_reason}
+    return _result_row(plain_generate(target, ids, max_new_tokens=max_new_tokens, config=GREEDY, stop_at_eos=False))
 
 
-def reference_units(models: ModelSpec, prompts: Sequence[Prompt], max_new_tokens: int) -> list[Unit]:
-    """One unit per prompt: the target's greedy continuation of ``max_new_tokens``
-    tokens, recorded past end-of-sequence so any replay of that budget can use it."""
-    return [Unit(reference_id(models, p, max_new_tokens), _reference_row,
-                 {"text": p.text, "max_new_tokens": max_new_tokens}) for p in prompts]
+def _reference_batch_rows(models: ModelSpec, texts: Sequence[str], references: Sequence[str], max_new_tokens: int,
+                          batch_size: int) -> list[dict[str, Any]]:
+    from specviz.decode.engine import plain_generate_batch
+
+    results = plain_generate_batch(models_for(models).target, list(texts), max_new_tokens=max_new_tokens,
+                                   batch_size=batch_size, stop_at_eos=False)
+    return [{"reference": ref_id, **_result_row(ref)} for ref_id, ref in zip(references, results)]
 
 
-def references_from(store: ResultStore, models: ModelSpec, prompts: Sequence[Prompt],
-                    max_new_tokens: int) -> dict[int, GenerationResult]:
-    """The finished references of :func:`reference_units`, by question id."""
-    return {p.question_id: result_from_row(store.rows_of(reference_id(models, p, max_new_tokens))[0], max_new_tokens)
-            for p in prompts}
+def reference_units(models: ModelSpec, prompts: Sequence[Prompt], max_new_tokens: int, *,
+                    batch_size: int = 1) -> list[Unit]:
+    """The target's greedy continuations of ``max_new_tokens`` tokens, recorded past
+    end-of-sequence so any replay of that budget can use them.
+
+    With ``batch_size`` 1, one unit per prompt decodes it alone (:func:`~specviz.decode.plain_generate`).
+    With more, the prompts are sorted by length and each unit decodes ``batch_size`` of
+    them together (:func:`~specviz.decode.plain_generate_batch`): several times the
+    tokens per second on a CPU, at the price of batched rounding (a near-tie may break
+    the other way than in a one-prompt decode). :func:`references_from` reads either.
+    """
+    check_int("batch_size", batch_size)
+    if batch_size == 1:
+        return [Unit(reference_id(models, p, max_new_tokens), _reference_row,
+                     {"text": p.text, "max_new_tokens": max_new_tokens}) for p in prompts]
+    ordered = sorted(prompts, key=lambda p: (len(p.text), p.question_id))
+    units = []
+    for start in range(0, len(ordered), batch_size):
+        chunk = ordered[start:start + batch_size]
+        refs = [reference_id(models, p, max_new_tokens, batch_size) for p in chunk]
+        digest = hashlib.sha256(" ".join(refs).encode()).hexdigest()[:16]
+        units.append(Unit(f"{_model_tag(models)}/T{max_new_tokens}/b{batch_size}/batch-{digest}", _reference_batch_rows,
+                          {"texts": [p.text for p in chunk], "references": refs, "max_new_tokens": max_new_tokens,
+                           "batch_size": batch_size}))
+    return units
+
+
+def references_from(store: ResultStore, models: ModelSpec, prompts: Sequence[Prompt], max_new_tokens: int, *,
+                    batch_size: int = 1) -> dict[int, GenerationResult]:
+    """The finished references of :func:`reference_units` (same ``batch_size``), by question id."""
+    if batch_size == 1:
+        rows = {p.question_id: store.rows_of(reference_id(models, p, max_new_tokens))[0] for p in prompts}
+    else:
+        found = {row["reference"]: row for unit in store.units for row in store.rows_of(unit) if "reference" in row}
+        rows = {}
+        for p in prompts:
+            ref_id = reference_id(models, p, max_new_tokens, batch_size)
+            if ref_id not in found:
+                raise KeyError(f"no batched reference {ref_id!r} in {store!r}; run reference_units(..., "
+                               f"batch_size={batch_size}) first")
+            rows[p.question_id] = found[ref_id]
+    return {qid: result_from_row(row, max_new_tokens) for qid, row in rows.items()}
 
 
 def _key(models: ModelSpec, reference: GenerationResult) -> str:
-    digest = hashlib.sha256(" ".join(map(str, reference.prompt_ids)).encode()).hexdigest()[:16]
+    """``<target>/<mode>/T<tokens>/<hash of prompt and continuation>``: units that read a
+    reference are keyed by its content, so references decoded differently never share results."""
+    text = " ".join(map(str, reference.prompt_ids)) + "|" + " ".join(map(str, reference.output_ids))
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     return f"{_model_tag(models)}/T{reference.max_new_tokens}/{digest}"
 
 
 # -- teacher-forced ranks ------------------------------------------------------------------------
 
-def _ranks_row(models: ModelSpec, source: str, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> dict:
-    from specviz.decode.ranks import draft_ranks
+def _ranks_row(models: ModelSpec, source: str, prompt_ids: Sequence[int], output_ids: Sequence[int],
+               k: int = 0) -> dict:
+    from specviz.decode.ranks import draft_candidates, draft_ranks
 
-    return {"ranks": draft_ranks(draft_source(models, source), prompt_ids, output_ids).tolist()}
+    draft = draft_source(models, source)
+    if not k:
+        return {"ranks": draft_ranks(draft, prompt_ids, output_ids).tolist()}
+    probs, ranks = draft_candidates(draft, prompt_ids, output_ids, k=k)
+    return {"ranks": ranks.tolist(), "probs": probs.tolist()}
 
 
-def rank_units(models: ModelSpec, sources: Sequence[str], references: Mapping[int, GenerationResult]) -> list[Unit]:
+def _ranks_id(models: ModelSpec, source: str, reference: GenerationResult, k: int) -> str:
+    return f"{source}/k{k}/{_key(models, reference)}" if k else f"{source}/{_key(models, reference)}"
+
+
+def rank_units(models: ModelSpec, sources: Sequence[str], references: Mapping[int, GenerationResult], *,
+               k: int = 0) -> list[Unit]:
     """One unit per draft source (``"draft"``, ``"self-L<n>"``) and reference: the ``(T,)``
-    teacher-forced ranks of the reference's tokens among the draft's candidates."""
-    return [Unit(f"{source}/{_key(models, ref)}", _ranks_row,
-                 {"source": source, "prompt_ids": ref.prompt_ids, "output_ids": ref.output_ids})
-            for source in sources for ref in references.values()]
-
-
-def ranks_from(store: ResultStore, models: ModelSpec, source: str, reference: GenerationResult) -> torch.Tensor:
-    """The ranks a :func:`rank_units` unit stored."""
-    return torch.tensor(store.rows_of(f"{source}/{_key(models, reference)}")[0]["ranks"], dtype=torch.long)
-
-
-def _candidates_row(models: ModelSpec, source: str, prompt_ids: Sequence[int], output_ids: Sequence[int],
-                    k: int) -> dict:
-    from specviz.decode.ranks import draft_candidates
-
-    probs, ranks = draft_candidates(draft_source(models, source), prompt_ids, output_ids, k=k)
-    return {"probs": probs.tolist(), "ranks": ranks.tolist()}
-
-
-def candidate_units(models: ModelSpec, sources: Sequence[str], references: Mapping[int, GenerationResult], *,
-                    k: int = 8) -> list[Unit]:
-    """One unit per draft source and reference: the draft's top-``k`` probabilities at
-    every continuation position and the rank of the reference's token
-    (:func:`~specviz.decode.draft_candidates`), the data of the calibration study."""
-    return [Unit(f"{source}/k{k}/{_key(models, ref)}", _candidates_row,
+    teacher-forced ranks of the reference's tokens among the draft's candidates. With
+    ``k`` > 0 the same draft forward also stores the draft's top-``k`` probabilities at
+    every continuation position (:func:`~specviz.decode.draft_candidates`), the data of
+    the calibration study (:func:`candidates_from`)."""
+    check_int("k", k, minimum=0)
+    return [Unit(_ranks_id(models, source, ref, k), _ranks_row,
                  {"source": source, "prompt_ids": ref.prompt_ids, "output_ids": ref.output_ids, "k": k})
             for source in sources for ref in references.values()]
 
 
+def ranks_from(store: ResultStore, models: ModelSpec, source: str, reference: GenerationResult, *,
+               k: int = 0) -> torch.Tensor:
+    """The ranks a :func:`rank_units` unit (same ``k``) stored."""
+    return torch.tensor(store.rows_of(_ranks_id(models, source, reference, k))[0]["ranks"], dtype=torch.long)
+
+
 def candidates_from(store: ResultStore, models: ModelSpec, source: str, reference: GenerationResult, *,
                     k: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(probs, ranks)`` a :func:`candidate_units` unit stored."""
-    row = store.rows_of(f"{source}/k{k}/{_key(models, reference)}")[0]
+    """``(probs, ranks)`` a :func:`rank_units` unit with this ``k`` stored: the draft's
+    top-``k`` probabilities at every continuation position and the rank of the
+    reference's token (:func:`~specviz.decode.draft_candidates`)."""
+    if k < 1:
+        raise ValueError(f"k must be at least 1 (rank_units(..., k=k) stores the candidates), got {k}")
+    row = store.rows_of(_ranks_id(models, source, reference, k))[0]
     return torch.tensor(row["probs"], dtype=torch.float32), torch.tensor(row["ranks"], dtype=torch.long)
 
 
@@ -228,6 +279,43 @@ def dynamic_units(models: ModelSpec, reference: GenerationResult, budgets: Seque
     return [Unit(f"{pair}/dynamic-k{topk}-d{depth}/{tag}/{_key(models, reference)}", _dynamic_rows,
                  {"reference": reference, "budgets": budgets, "topk": topk, "depth": depth, "pair": pair,
                   "labels": dict(labels)})]
+
+
+def _dynamic_batch_rows(models: ModelSpec, references: Sequence[GenerationResult], budgets: Sequence[int], topk: int,
+                        depth: int, pair: str, labels: Sequence[Mapping[str, Any]]) -> list[dict]:
+    from specviz.decode.replay import replay_dynamic_batch
+    from specviz.metrics.acceptance import label_rows
+
+    loaded = models_for(models)
+    replayed = replay_dynamic_batch(loaded.draft, list(references), list(budgets), topk=topk, depth=depth,
+                                    target=loaded.target)
+    return [row for result, extra in zip(replayed, labels) for b in budgets
+            for row in label_rows(result[b], pair=pair, strategy=DYNAMIC_STRATEGY, budget=b, **extra)]
+
+
+def dynamic_batch_units(models: ModelSpec, references: Sequence[GenerationResult], budgets: Sequence[int], *,
+                        topk: int, depth: int, pair: str, labels: Sequence[Mapping[str, Any]],
+                        batch_size: int) -> list[Unit]:
+    """:func:`dynamic_units` for many references, ``batch_size`` per unit replayed together
+    (:func:`~specviz.decode.replay_dynamic_batch`: one batched draft forward serves them
+    all, several times the throughput of one-by-one replays on a CPU). References are
+    grouped by prompt length; ``labels[i]`` labels the rows of ``references[i]``."""
+    check_int("batch_size", batch_size)
+    if len(labels) != len(references):
+        raise ValueError(f"got {len(labels)} label sets for {len(references)} references")
+    budgets = sorted(budgets)
+    tag = "-".join(map(str, budgets))
+    order = sorted(range(len(references)), key=lambda i: (len(references[i].prompt_ids), i))
+    units = []
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        keys = " ".join(_key(models, references[i]) for i in chunk)
+        digest = hashlib.sha256(keys.encode()).hexdigest()[:16]
+        units.append(Unit(f"{pair}/dynamic-k{topk}-d{depth}/{tag}/{_model_tag(models)}/b{batch_size}/batch-{digest}",
+                          _dynamic_batch_rows,
+                          {"references": [references[i] for i in chunk], "budgets": budgets, "topk": topk,
+                           "depth": depth, "pair": pair, "labels": [dict(labels[i]) for i in chunk]}))
+    return units
 
 
 def _drafter_rows(models: ModelSpec, reference: GenerationResult, drafter, strategy: str, pair: str, budget: int,

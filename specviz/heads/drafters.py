@@ -1,0 +1,297 @@
+"""Drafters that run trained heads on the target's own hidden states.
+
+* :class:`MedusaDrafter` - a static Medusa tree: every node at depth ``d`` takes the
+  candidate of its rank from head ``d``'s ranking (:class:`~specviz.heads.MedusaHeads`,
+  all heads read the target's last hidden state at the last verified position), so one
+  head forward drafts the whole tree;
+* :class:`EagleDrafter` - EAGLE-2's dynamic tree grown with an
+  :class:`~specviz.heads.EagleHead`: expand by cumulative confidence, keep the global
+  top-k per depth, rerank everything to the budget (the same growth as
+  :class:`~specviz.draft.DynamicTreeDrafter`, :func:`~specviz.draft.grow_dynamic_tree`);
+  ``topk=1`` drafts an EAGLE chain.
+
+Both read the target's last hidden states at the committed tokens
+(:attr:`~specviz.draft.Drafter.needs_target_hidden`): the engine passes the prefill's and
+each verification's through :meth:`~specviz.draft.Drafter.observe_hidden`. When a
+drafter is used without them (a direct :meth:`draft` call, a greedy replay, a merged
+tree) it computes the missing ones itself with one teacher-forced target forward over
+the context (:func:`~specviz.heads.target_features`), so it proposes the same trees
+either way, only slower.
+
+The EAGLE head keeps its own KV cache for its one layer: the committed context's
+``(feature, next token)`` pairs, extended by the true features of newly committed
+tokens at each step; the draft tree's nodes (fed with the head's own predicted
+features) are appended during a step and dropped at the next.
+
+Both draft deterministic siblings (the top candidates): under sampling, verify with a
+rule whose ``sibling_sampling`` is "topk".
+
+Dimension legend: L = committed length, H = hidden size, V = vocabulary, K = Medusa
+heads, n = nodes fed in one head forward.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from specviz.draft.base import Drafter
+from specviz.draft.model import draft_distribution, drafted_tree, grow_dynamic_tree
+from specviz.heads.features import target_features
+from specviz.heads.modules import EagleHead, MedusaHeads
+from specviz.models.kvcache import crop_cache, new_cache
+from specviz.models.loading import LoadedModel
+from specviz.sampling import require_deterministic_siblings
+from specviz.tree.core import DraftTree
+from specviz.tree.shapes import TreeShape, expansion, from_paths
+from specviz.validate import check_int
+
+__all__ = ["MedusaDrafter", "EagleDrafter", "MEDUSA_BRANCHING"]
+
+#: the default Medusa tree: 3 candidates of head 1, 2 of head 2 under each, then 1 and 1
+MEDUSA_BRANCHING: tuple[int, ...] = (3, 2, 1, 1)
+
+
+class _TargetFeatures:
+    """The target's last hidden states at one sequence's committed tokens but the last."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.features: torch.Tensor | None = None  # (len(tokens), H)
+        self._prefill: torch.Tensor | None = None
+
+    def observe(self, step, hidden: torch.Tensor) -> None:
+        """Take the engine's hidden states (see :meth:`Drafter.observe_hidden`)."""
+        hidden = hidden.detach().float().cpu()
+        if step is None:
+            self.tokens, self.features, self._prefill = [], None, hidden
+            return
+        if self.features is None or len(self.tokens) != step.context_len - 1:
+            self.tokens, self.features = [], None  # out of step: recomputed at the next draft
+            return
+        nodes = [0] + list(step.acceptance.accepted_nodes)
+        self.tokens.extend(step.tree.tokens[nodes].tolist())
+        self.features = torch.cat([self.features, hidden[nodes]])
+
+    def covering(self, target: LoadedModel, context: list[int]) -> torch.Tensor:
+        """``(L - 1, H)`` features of ``context[:-1]``, computed when not observed."""
+        want = context[:-1]
+        if self._prefill is not None:
+            if self._prefill.shape[0] == len(want):
+                self.tokens, self.features = list(want), self._prefill
+            self._prefill = None
+        if self.features is None or self.tokens != want:
+            self.tokens, self.features = list(want), target_features(target, want)
+        return self.features
+
+
+class _HeadDrafter(Drafter):
+    """What both head drafters share: the target, the features, the checks."""
+
+    needs_target_hidden = True
+
+    def __init__(self, target: LoadedModel, heads, kind: type) -> None:
+        if not isinstance(target, LoadedModel):
+            raise TypeError(f"target must be a specviz LoadedModel, got {type(target).__name__}")
+        if not isinstance(heads, kind):
+            raise TypeError(f"heads must be {kind.__name__}, got {type(heads).__name__}")
+        hidden = int(target.model.config.hidden_size)
+        if heads.hidden_size != hidden:
+            raise ValueError(f"the heads have hidden size {heads.hidden_size}, but target {target.name!r} has {hidden}")
+        if heads.vocab_size != target.vocab_size:
+            raise ValueError(f"the heads score a vocabulary of {heads.vocab_size}, but target {target.name!r} has "
+                             f"{target.vocab_size}")
+        self.target = target
+        self.heads = heads
+        self.reset()
+
+    def reset(self) -> None:
+        self.features = _TargetFeatures()
+
+    def observe_hidden(self, step, hidden: torch.Tensor) -> None:
+        self.features.observe(step, hidden)
+
+    @property
+    def tokenizers(self) -> tuple:
+        return (self.target.tokenizer,)
+
+    def _context(self, context, config, sibling_sampling) -> list[int]:
+        require_deterministic_siblings(self.name, config, sibling_sampling)
+        t = torch.as_tensor(context)
+        if t.dim() != 1 or t.numel() == 0:
+            raise ValueError(f"context must be a non-empty 1-D tensor of token ids, got shape {tuple(t.shape)}")
+        return t.tolist()
+
+
+class MedusaDrafter(_HeadDrafter):
+    """Medusa: a static tree whose depth-``d`` nodes are head ``d``'s top candidates.
+
+    Node ``i`` of the shape at depth ``d`` takes the candidate of rank ``shape.ranks[i]``
+    of head ``d`` at the last verified position, whatever its parent (Medusa's
+    Cartesian tree). Candidates of zero probability (outside a reduced vocabulary) are
+    left out with their subtrees.
+
+    Args:
+        target: the target model the heads were trained for.
+        heads: trained :class:`~specviz.heads.MedusaHeads` (:func:`~specviz.heads.load_heads`).
+        shape: a :class:`~specviz.tree.shapes.TreeShape`, or Medusa "choices" (one rank
+            path per node, :func:`~specviz.tree.shapes.from_paths`); default: the
+            expansion :data:`MEDUSA_BRANCHING` cut to the number of heads.
+
+    Raises:
+        ValueError: a shape deeper than the number of heads, or heads that do not fit
+            the target.
+    """
+
+    def __init__(self, target: LoadedModel, heads: MedusaHeads,
+                 shape: TreeShape | Sequence[Sequence[int]] | None = None) -> None:
+        if shape is None:
+            shape = expansion(list(MEDUSA_BRANCHING[:heads.n_heads]) if isinstance(heads, MedusaHeads) else [1])
+        elif not isinstance(shape, TreeShape):
+            shape = from_paths(shape)
+        if isinstance(heads, MedusaHeads) and shape.depth > heads.n_heads:
+            raise ValueError(f"the shape has depth {shape.depth} but the heads draft only {heads.n_heads} tokens "
+                             "ahead; use a shallower shape or heads trained with more of them")
+        self.shape = shape
+        self.name = f"medusa(n={shape.budget},d={shape.depth})"
+        super().__init__(target, heads, MedusaHeads)
+
+    @torch.no_grad()
+    def draft(self, context, config, sibling_sampling, generator) -> DraftTree:
+        ctx = self._context(context, config, sibling_sampling)
+        shape = self.shape
+        if len(ctx) < 2 or shape.budget == 0:  # no verified position yet: no proposal
+            return DraftTree.from_lists([ctx[-1]], [-1])
+        hidden = self.features.covering(self.target, ctx)[-1]  # (H,)
+        logits = self.heads.full_logits(self.heads.states(hidden.to(self.heads.blocks[0].weight.device)))
+        logits = logits[:shape.depth].cpu()  # (D, V)
+        dist = draft_distribution(logits, config)  # (D, V)
+        top = torch.topk(logits, min(max(shape.ranks) + 1, logits.shape[-1]), dim=-1).indices  # (D, R)
+        depth = shape.depths()
+        out = {0: 0}  # shape node -> drafted-tree index
+        tokens, parents, qs, ranks = [], [], [], []
+        for i in range(1, shape.n_nodes):
+            d, r, p = depth[i], shape.ranks[i], shape.parents[i]
+            if p not in out or r >= top.shape[-1]:
+                continue
+            tok = int(top[d - 1, r])
+            q = float(dist[d - 1, tok])
+            if q <= 0.0:
+                continue
+            out[i] = len(tokens) + 1
+            tokens.append(tok)
+            parents.append(out[p])
+            qs.append(q)
+            ranks.append(r)
+        return drafted_tree(ctx[-1], tokens, parents, qs, ranks, None)
+
+
+class _HeadCache:
+    """The EAGLE head's KV cache for one sequence: the committed ``(feature, next token)``
+    pairs in slots ``[0, L - 1)`` (pair ``i`` at position ``i``), then the draft nodes fed
+    during the current step."""
+
+    def __init__(self, head: EagleHead) -> None:
+        self.head = head
+        self.cache = new_cache(head)
+        self.tokens: list[int] = []  # the context whose pairs are cached
+        self._parent: list[int] = []  # fed node -> parent handle (-1 = the root)
+        self._depth: list[int] = []
+
+    def sync(self, context: list[int], features: torch.Tensor) -> torch.Tensor:
+        """Feed the pairs of ``context`` the cache lacks; returns the ``(H,)`` predicted
+        feature at the root (the last pair's output). ``features``: ``(L - 1, H)``."""
+        common = 0
+        limit = min(len(self.tokens), len(context))
+        while common < limit and self.tokens[common] == context[common]:
+            common += 1
+        # pair i needs context[:i + 2]; feed at least the last pair, whose output drafts depth 1
+        keep = max(0, min(common - 1, len(context) - 2))
+        crop_cache(self.cache, keep)
+        n = len(context) - 1 - keep
+        allowed = torch.cat([torch.ones(n, keep, dtype=torch.bool), torch.ones(n, n, dtype=torch.bool).tril()],
+                            dim=1)  # (n, keep + n)
+        out = self.head.step(features[keep:][None], torch.tensor([context[keep + 1:]]),
+                             torch.arange(keep, len(context) - 1)[None], self.cache, allowed[None])  # (1, n, H)
+        self.tokens = list(context)
+        self._parent, self._depth = [], []
+        return out[0, -1]
+
+    def expand(self, features: torch.Tensor, tokens: list[int], parents: list[int]) -> tuple[torch.Tensor, list[int]]:
+        """Feed draft nodes: each reads its parent's predicted feature (``features``
+        ``(n, H)``) and its own token, and sees the committed pairs, its ancestors and
+        itself. Returns the nodes' ``(n, H)`` predicted features and their handles."""
+        base = len(self.tokens) - 1  # committed pairs
+        f0 = len(self._parent)
+        n = len(tokens)
+        allowed = torch.zeros(n, base + f0 + n, dtype=torch.bool)  # (n, L - 1 + F + n)
+        allowed[:, :base] = True
+        positions = []
+        for j, p in enumerate(parents):
+            depth = 1 if p == -1 else self._depth[p] + 1
+            positions.append(base - 1 + depth)
+            allowed[j, base + f0 + j] = True
+            while p != -1:
+                allowed[j, base + p] = True
+                p = self._parent[p]
+            self._depth.append(depth)
+        self._parent.extend(parents)
+        out = self.head.step(features[None], torch.tensor([tokens]), torch.tensor([positions]), self.cache,
+                             allowed[None])  # (1, n, H)
+        return out[0], list(range(f0, f0 + n))
+
+
+class EagleDrafter(_HeadDrafter):
+    """EAGLE-2 with a trained feature head: a dynamic tree (or, with ``topk=1``, a chain).
+
+    The head turns the target's features of the context into a predicted feature at
+    the root, whose LM-head logits give the root's children; every node fed to the head
+    gets its parent's predicted feature and its own token, and its output feature gives
+    its children. The tree grows as :class:`~specviz.draft.DynamicTreeDrafter`'s does:
+    ``topk`` children per frontier node, the global ``topk`` best become the next
+    frontier, ``depth`` levels, the best ``budget`` nodes kept.
+
+    Args:
+        target: the target model the head was trained for.
+        head: a trained :class:`~specviz.heads.EagleHead` (:func:`~specviz.heads.load_heads`).
+        topk: children per frontier node and frontier width.
+        depth: tree depth (head forwards per step, besides the context's).
+        budget: draft nodes kept.
+    """
+
+    def __init__(self, target: LoadedModel, head: EagleHead, topk: int = 4, depth: int = 5, budget: int = 16) -> None:
+        for name, value in (("topk", topk), ("depth", depth), ("budget", budget)):
+            check_int(name, value)
+        self.topk, self.depth, self.budget = topk, depth, budget
+        self.name = f"eagle-chain(k={depth})" if topk == 1 and budget >= depth else \
+            f"eagle(k={topk},d={depth},n={budget})"
+        super().__init__(target, head, EagleHead)
+
+    def reset(self) -> None:
+        super().reset()
+        self.head_cache = _HeadCache(self.heads)
+
+    @torch.no_grad()
+    def draft(self, context, config, sibling_sampling, generator) -> DraftTree:
+        ctx = self._context(context, config, sibling_sampling)
+        if len(ctx) < 2:  # no committed feature yet: no proposal
+            return DraftTree.from_lists([ctx[-1]], [-1])
+        features = self.features.covering(self.target, ctx)  # (L - 1, H)
+        root = self.head_cache.sync(ctx, features)  # (H,)
+        predicted = {-1: root}  # pool node -> its predicted feature
+        handle = {-1: -1}  # pool node -> its slot among this step's fed nodes
+        grow = grow_dynamic_tree(ctx[-1], self.heads.full_logits(root).cpu(), config, self.topk, self.depth,
+                                 self.budget)
+        try:
+            frontier = next(grow)
+            while True:
+                ids = [i for i, _, _ in frontier]
+                parents = [p for _, _, p in frontier]
+                out, handles = self.head_cache.expand(torch.stack([predicted[p] for p in parents]),
+                                                      [t for _, t, _ in frontier], [handle[p] for p in parents])
+                for i, h, feature in zip(ids, handles, out):
+                    handle[i], predicted[i] = h, feature
+                frontier = grow.send(self.heads.full_logits(out).cpu())  # (n, V)
+        except StopIteration as done:
+            return done.value

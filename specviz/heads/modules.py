@@ -1,0 +1,286 @@
+"""The trained draft heads: Medusa heads and an EAGLE-style feature head, plus the
+reduced draft vocabulary both can score.
+
+* :class:`MedusaHeads` - K residual blocks over the target's last hidden state at a
+  position ``t``; head ``k`` (1-based) scores the token at ``t + 1 + k`` (the target's
+  own LM head already gives ``t + 1``) through the target's frozen LM head;
+* :class:`EagleHead` - one decoder layer of the target's own architecture over
+  ``fc(concat(feature_t, embedding(token_{t+1})))`` that predicts the target's next
+  feature ``feature_{t+1}``; the target's LM head turns a predicted feature into draft
+  logits, and drafting feeds predicted features back in;
+* :func:`reduced_vocab`, :func:`out_of_vocab_share` - the ``N`` most frequent tokens of
+  the training data, the only ones a head with a ``vocab_map`` scores (verification
+  still uses the target's full vocabulary, so decoding stays lossless).
+
+Both modules share the target's frozen weights (LM head, and the embeddings for EAGLE)
+without copying them: those are non-persistent buffers, so a module's ``state_dict``
+holds only what training changed (plus the ``vocab_map``). Build them from a target with
+``from_target``.
+
+Dimension legend: B = batch, T = positions, H = hidden size, K = Medusa heads,
+V = full vocabulary, W = scored vocabulary (V, or the reduced N), S = cached slots,
+n = new positions.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from typing import Iterable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specviz.models.kvcache import additive_mask, decoder_of
+from specviz.models.loading import LoadedModel
+from specviz.validate import check_int
+
+__all__ = [
+    "MedusaHeads",
+    "EagleHead",
+    "reduced_vocab",
+    "out_of_vocab_share",
+]
+
+
+def _lm_head(target: LoadedModel) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The target's LM head weight ``(V, H)`` and bias (or None), detached (shared storage)."""
+    head = target.model.get_output_embeddings()
+    if head is None or not hasattr(head, "weight"):
+        raise ValueError(f"target {target.name!r} has no linear LM head to share with draft heads")
+    bias = getattr(head, "bias", None)
+    return head.weight.detach(), (None if bias is None else bias.detach())
+
+
+def _check_vocab_map(vocab_map: torch.Tensor | Sequence[int] | None, vocab_size: int) -> torch.Tensor | None:
+    if vocab_map is None:
+        return None
+    ids = torch.as_tensor(vocab_map)
+    if ids.dim() != 1 or ids.numel() == 0 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+        raise ValueError(f"vocab_map must be a non-empty 1-D tensor of token ids, got {ids.dtype} "
+                         f"{tuple(ids.shape)}")
+    ids = ids.to(torch.long).cpu()
+    if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
+        raise ValueError(f"vocab_map holds ids outside the target's vocabulary [0, {vocab_size}): "
+                         f"min {int(ids.min())}, max {int(ids.max())}")
+    if ids.unique().numel() != ids.numel():
+        raise ValueError("vocab_map repeats a token id")
+    return ids
+
+
+class _ScoredVocab(nn.Module):
+    """The output layer both heads share: the target's LM head rows for the scored tokens."""
+
+    def _init_output(self, target: LoadedModel, vocab_map) -> None:
+        weight, bias = _lm_head(target)
+        self.vocab_size = int(weight.shape[0])
+        ids = _check_vocab_map(vocab_map, self.vocab_size)
+        if ids is None:
+            self.register_buffer("vocab_map", None)
+            self.register_buffer("out_weight", weight, persistent=False)  # (V, H), the target's own tensor
+            self.register_buffer("out_bias", bias, persistent=False)
+        else:
+            self.register_buffer("vocab_map", ids)  # (W,)
+            self.register_buffer("out_weight", weight[ids.to(weight.device)].clone(), persistent=False)  # (W, H)
+            self.register_buffer("out_bias", None if bias is None else bias[ids.to(bias.device)].clone(),
+                                 persistent=False)
+
+    @property
+    def scored_vocab(self) -> int:
+        """How many tokens the head scores (W)."""
+        return int(self.out_weight.shape[0])
+
+    def scores(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``(..., W)`` float32 logits over the scored vocabulary for ``(..., H)`` states."""
+        w = self.out_weight
+        out = F.linear(hidden.to(w.dtype), w, None if self.out_bias is None else self.out_bias.to(w.dtype))
+        return out.float()
+
+    def full_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``(..., V)`` float32 logits over the target's vocabulary; tokens outside the
+        reduced vocabulary get ``-inf`` (probability 0)."""
+        scores = self.scores(hidden)  # (..., W)
+        if self.vocab_map is None:
+            return scores
+        out = scores.new_full((*scores.shape[:-1], self.vocab_size), float("-inf"))  # (..., V)
+        out[..., self.vocab_map.to(out.device)] = scores
+        return out
+
+    def label_index(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Token ids -> their index in the scored vocabulary (-100, ignored by the loss,
+        for tokens outside it)."""
+        if self.vocab_map is None:
+            return tokens
+        lookup = torch.full((self.vocab_size,), -100, dtype=torch.long, device=tokens.device)
+        lookup[self.vocab_map.to(tokens.device)] = torch.arange(self.vocab_map.numel(), device=tokens.device)
+        return torch.where(tokens >= 0, lookup[tokens.clamp(min=0)], tokens)
+
+    def token_ids(self, index: torch.Tensor) -> torch.Tensor:
+        """Indices in the scored vocabulary -> token ids."""
+        return index if self.vocab_map is None else self.vocab_map.to(index.device)[index]
+
+
+class MedusaHeads(_ScoredVocab):
+    """Medusa heads: ``n_heads`` residual blocks ``h + SiLU(W_k h)`` on the target's last
+    hidden state ``h`` at position ``t``, each followed by the target's frozen LM head (or
+    its rows for a reduced vocabulary); head ``k`` (1-based) predicts the token at
+    ``t + 1 + k``. ``W_k`` starts at zero, so an untrained head repeats the target's
+    next-token prediction.
+
+    Build one with :meth:`from_target`; the module is trained with
+    :func:`specviz.heads.train_heads` and drafts with
+    :class:`specviz.heads.MedusaDrafter`.
+
+    Args:
+        target: the target model whose LM head the heads share.
+        n_heads: K, the number of heads (draft depth).
+        vocab_map: ``(W,)`` token ids the heads score (None: the full vocabulary).
+    """
+
+    kind = "medusa"
+
+    def __init__(self, target: LoadedModel, n_heads: int = 4, vocab_map: torch.Tensor | None = None) -> None:
+        super().__init__()
+        check_int("n_heads", n_heads)
+        self.hidden_size = int(target.model.config.hidden_size)
+        self.n_heads = n_heads
+        self.blocks = nn.ModuleList(nn.Linear(self.hidden_size, self.hidden_size) for _ in range(n_heads))
+        for block in self.blocks:
+            nn.init.zeros_(block.weight)
+            nn.init.zeros_(block.bias)
+        self._init_output(target, vocab_map)
+        self.to(target.device)
+
+    @classmethod
+    def from_target(cls, target: LoadedModel, n_heads: int = 4,
+                    vocab_map: torch.Tensor | None = None) -> "MedusaHeads":
+        """Heads for ``target`` (see the class)."""
+        return cls(target, n_heads, vocab_map)
+
+    def states(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``(..., K, H)`` each head's state for ``(..., H)`` last hidden states."""
+        h = hidden.to(self.blocks[0].weight.dtype)
+        return torch.stack([h + F.silu(block(h)) for block in self.blocks], dim=-2)  # (..., K, H)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``(..., K, W)`` float32 logits of every head over the scored vocabulary."""
+        return self.scores(self.states(hidden))
+
+
+class EagleHead(_ScoredVocab):
+    """An EAGLE-style feature head: one decoder layer of the target's own class.
+
+    At position ``t`` it reads ``fc(concat(feature_t, embedding(token_{t+1})))``, where
+    ``feature_t`` is the target's last hidden state (or the head's own prediction of it),
+    attends causally over the earlier positions with rotary positions, and outputs its
+    prediction of ``feature_{t+1}``; :meth:`scores` / :meth:`full_logits` apply the
+    target's frozen LM head (or its reduced rows) to a predicted feature. The embeddings
+    are the target's, shared and frozen.
+
+    :meth:`forward` runs a training window; :meth:`step` runs new positions on top of a
+    KV cache (:func:`new_cache`) with an explicit mask, which is how drafting feeds the
+    committed context and then the draft tree.
+
+    Args:
+        target: the target model (its decoder-layer class, configuration, embeddings and
+            LM head are used).
+        vocab_map: ``(W,)`` token ids the head scores (None: the full vocabulary).
+    """
+
+    kind = "eagle"
+
+    def __init__(self, target: LoadedModel, vocab_map: torch.Tensor | None = None) -> None:
+        super().__init__()
+        decoder = decoder_of(target.model)
+        config = copy.deepcopy(target.model.config)
+        config.num_hidden_layers = 1
+        if getattr(config, "layer_types", None) is not None:
+            config.layer_types = list(config.layer_types)[:1]
+        config._attn_implementation = "sdpa"
+        self.config = config
+        self.hidden_size = int(config.hidden_size)
+        self.fc = nn.Linear(2 * self.hidden_size, self.hidden_size)
+        self.layer = type(decoder.layers[0])(config, layer_idx=0)
+        self.rotary = type(decoder.rotary_emb)(config=config)
+        self.register_buffer("embed_weight", target.model.get_input_embeddings().weight.detach(), persistent=False)
+        self._init_output(target, vocab_map)
+        for module in (self.fc, self.layer, self.rotary):  # trained in float32 whatever the target's dtype
+            module.float()
+        self.to(target.device)
+
+    @classmethod
+    def from_target(cls, target: LoadedModel, vocab_map: torch.Tensor | None = None) -> "EagleHead":
+        """A head for ``target`` (see the class)."""
+        return cls(target, vocab_map)
+
+    def _inputs(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        emb = F.embedding(tokens.to(self.embed_weight.device), self.embed_weight)  # (B, n, H)
+        dtype = self.fc.weight.dtype
+        return self.fc(torch.cat([features.to(dtype), emb.to(dtype)], dim=-1))  # (B, n, H)
+
+    def step(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, cache,
+             allowed: torch.Tensor) -> torch.Tensor:
+        """Run ``n`` new positions after the ``S`` slots of ``cache`` (which grows by n).
+
+        Args:
+            features: ``(B, n, H)`` the feature at each position (the target's or a prediction).
+            tokens: ``(B, n)`` the token after each position.
+            positions: ``(B, n)`` rotary positions.
+            cache: a ``DynamicCache`` of the head's one layer, or None (no cache, S = 0).
+            allowed: ``(B, n, S + n)`` bool, which slots each new position may attend to.
+
+        Returns:
+            ``(B, n, H)`` the predicted next features.
+        """
+        device = self.fc.weight.device
+        x = self._inputs(features.to(device), tokens.to(device))  # (B, n, H)
+        positions = positions.to(device)
+        mask = additive_mask(allowed.to(device), x.dtype)  # (B, 1, n, S + n)
+        out = self.layer(x, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                         use_cache=cache is not None, position_embeddings=self.rotary(x, positions))
+        return out[0] if isinstance(out, tuple) else out
+
+    def forward(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+                valid: torch.Tensor | None = None) -> torch.Tensor:
+        """A training window: ``(B, T, H)`` features, ``(B, T)`` next tokens and positions,
+        causal attention (restricted to ``valid`` ``(B, T)`` positions when given) ->
+        ``(B, T, H)`` predicted next features."""
+        b, t = tokens.shape
+        allowed = torch.ones(t, t, dtype=torch.bool, device=tokens.device).tril().expand(b, t, t)  # (B, T, T)
+        if valid is not None:
+            allowed = allowed & valid[:, None, :]
+            allowed = allowed | torch.eye(t, dtype=torch.bool, device=tokens.device)  # padding sees itself
+        return self.step(features, tokens, positions, None, allowed)
+
+
+def reduced_vocab(sequences: Iterable[Sequence[int]], size: int, always: Iterable[int] = ()) -> torch.Tensor:
+    """The ``size`` most frequent token ids of ``sequences`` (ties: the smaller id first),
+    plus every id of ``always`` (e.g. end-of-sequence ids), as a sorted ``(N,)`` long
+    tensor to pass as ``vocab_map``. Fewer than ``size`` when the data has fewer
+    distinct tokens."""
+    check_int("size", size)
+    counts = Counter()
+    for seq in sequences:
+        counts.update(int(t) for t in seq)
+    extra = sorted({int(t) for t in always})
+    ranked = sorted(counts, key=lambda t: (-counts[t], t))
+    chosen = list(extra)
+    for t in ranked:
+        if len(chosen) >= size:
+            break
+        if t not in extra:
+            chosen.append(t)
+    return torch.tensor(sorted(chosen), dtype=torch.long)
+
+
+def out_of_vocab_share(vocab_map: torch.Tensor | Sequence[int] | None, sequences: Iterable[Sequence[int]]) -> float:
+    """Share of the tokens of ``sequences`` that a head with ``vocab_map`` cannot propose
+    (0.0 for the full vocabulary, nan when there are no tokens)."""
+    tokens = [int(t) for seq in sequences for t in seq]
+    if not tokens:
+        return float("nan")
+    if vocab_map is None:
+        return 0.0
+    allowed = set(torch.as_tensor(vocab_map).tolist())
+    return sum(t not in allowed for t in tokens) / len(tokens)

@@ -1,0 +1,624 @@
+"""Training draft heads on the target's own features, with checkpoints, resume and a cache.
+
+* :class:`HeadConfig` - the training settings (and the reduced vocabulary size);
+* :func:`train_heads` - AdamW on random windows of the target's features
+  (:mod:`specviz.heads.features`) from a :class:`~specviz.heads.Corpus`, for a number of
+  steps and/or minutes, with a progress bar (loss and top-1 accuracy) on stderr. A
+  checkpoint is written atomically every ``checkpoint_minutes``, at the end and on
+  Ctrl-C; calling it again with the same arguments resumes from the checkpoint (the
+  batch sampler's random state included, so an interrupted run ends with the weights
+  an uninterrupted one would have), and calling it on a finished run returns at once;
+* :func:`heads_dir` - where a result lives by default: ``<cache>/heads/<target>/
+  <kind>-c<config hash>-d<data hash>`` under the specviz cache (``$SPECVIZ_CACHE`` or
+  ``~/.cache/specviz``);
+* :func:`load_heads` - a trained module back, checked against the target;
+  :func:`find_heads` / :func:`load_cached_heads` - the newest finished result of a kind
+  for a target (what the registry's ``medusa`` and ``eagle`` strategies use);
+* :func:`head_accuracy` - top-1 / top-k accuracy of every Medusa head.
+
+A result directory holds ``checkpoint.pt`` (weights, optimizer, sampler state, step,
+loss history) and ``meta.json`` (kind, target, hidden size, configuration, data size and
+hash, progress), both replaced atomically.
+
+Losses: Medusa - cross-entropy of head ``k`` against the token ``k + 1`` places after
+the next one, heads weighted ``head_decay ** (k - 1)``; EAGLE - ``regression_weight`` x
+smooth-L1 between predicted and true next features plus ``classification_weight`` x
+cross-entropy of the LM head on the predicted feature against the target's next token.
+Labels come only from continuation tokens (the target's own output), never from prompts;
+the EAGLE head's input features get uniform noise of ``noise`` x their RMS, so that it
+learns to continue from its own slightly wrong predictions.
+
+Dimension legend: B = batch windows, W = window positions, H = hidden size, K = Medusa
+heads, V = scored vocabulary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import os
+import re
+import sys
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from specviz.heads.corpus import Corpus
+from specviz.heads.features import FEATURE_DTYPES, extract_features, load_features
+from specviz.heads.modules import EagleHead, MedusaHeads, reduced_vocab
+from specviz.models.loading import LoadedModel, cache_dir
+from specviz.study.store import atomic_write_bytes, atomic_write_text
+from specviz.validate import check_choice, check_int
+
+__all__ = [
+    "KINDS",
+    "HeadConfig",
+    "TrainResult",
+    "config_hash",
+    "heads_dir",
+    "features_dir",
+    "train_heads",
+    "load_heads",
+    "find_heads",
+    "load_cached_heads",
+    "train_command",
+    "head_accuracy",
+]
+
+#: the kinds of draft heads
+KINDS: tuple[str, ...] = ("medusa", "eagle")
+_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    """Training settings of :func:`train_heads`.
+
+    Attributes:
+        n_heads: Medusa heads (draft depth); ignored by EAGLE.
+        vocab: score only the ``vocab`` most frequent tokens of the training data
+            (:func:`~specviz.heads.reduced_vocab`, end-of-sequence ids always in); None
+            scores the full vocabulary.
+        lr: AdamW learning rate.
+        weight_decay: AdamW weight decay.
+        batch_size: windows per step.
+        window: positions per window.
+        head_decay: Medusa: weight of head ``k``'s loss is ``head_decay ** (k - 1)``.
+        regression_weight: EAGLE: weight of the smooth-L1 feature loss.
+        classification_weight: EAGLE: weight of the cross-entropy of the predicted feature.
+        noise: EAGLE: uniform noise on input features, relative to each feature's RMS.
+        grad_clip: gradient norm clip (0 = none).
+        seed: initial weights and batch sampling.
+        feature_dtype: storage dtype of the cached features (a key of
+            :data:`~specviz.heads.features.FEATURE_DTYPES`).
+        checkpoint_minutes: minutes between checkpoints (not part of the result's key).
+    """
+
+    n_heads: int = 4
+    vocab: int | None = None
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    batch_size: int = 8
+    window: int = 128
+    head_decay: float = 0.8
+    regression_weight: float = 1.0
+    classification_weight: float = 0.1
+    noise: float = 0.1
+    grad_clip: float = 0.5
+    seed: int = 0
+    feature_dtype: str = "float16"
+    checkpoint_minutes: float = field(default=5.0, compare=False)
+
+    def __post_init__(self) -> None:
+        check_int("n_heads", self.n_heads)
+        if self.vocab is not None:
+            check_int("vocab", self.vocab, 2, note="(or None for the full vocabulary)")
+        check_int("batch_size", self.batch_size)
+        check_int("window", self.window)
+        check_int("seed", self.seed, 0)
+        for name in ("lr", "weight_decay", "head_decay", "regression_weight", "classification_weight", "noise",
+                     "grad_clip", "checkpoint_minutes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
+                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr!r}")
+        if self.checkpoint_minutes <= 0:
+            raise ValueError(f"checkpoint_minutes must be > 0, got {self.checkpoint_minutes!r}")
+        check_choice("feature_dtype", self.feature_dtype, tuple(FEATURE_DTYPES))
+
+    def key_fields(self, kind: str) -> dict:
+        """The settings that change a ``kind`` result (those its cache key hashes)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.compare}
+        drop = ("n_heads", "head_decay") if kind == "eagle" else ("regression_weight", "classification_weight",
+                                                                  "noise")
+        return {k: v for k, v in out.items() if k not in drop}
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train_heads` returns.
+
+    Attributes:
+        path: the result directory.
+        heads: the trained module (:class:`~specviz.heads.MedusaHeads` or
+            :class:`~specviz.heads.EagleHead`), in eval mode.
+        step: optimizer steps done in total.
+        loss: mean loss of the last steps (nan before the first step).
+        accuracy: mean top-1 accuracy of the last steps.
+        finished: the step / time budget was reached (False after an interruption).
+        history: ``(step, loss, accuracy)`` of every step.
+    """
+
+    path: Path
+    heads: torch.nn.Module
+    step: int
+    loss: float
+    accuracy: float
+    finished: bool
+    history: list[tuple[int, float, float]]
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "model"
+
+
+def config_hash(kind: str, config: HeadConfig) -> str:
+    """12 hex digits identifying ``kind`` trained with ``config``."""
+    check_choice("kind", kind, KINDS)
+    text = json.dumps({"kind": kind, **config.key_fields(kind)}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _root(cache: str | os.PathLike | None) -> Path:
+    return cache_dir(cache) / "heads"
+
+
+def heads_dir(target_name: str, kind: str, config: HeadConfig, data_sha256: str,
+              cache: str | os.PathLike | None = None) -> Path:
+    """The default result directory: ``<cache>/heads/<target>/<kind>-c<config>-d<data>``."""
+    return _root(cache) / _slug(target_name) / f"{kind}-c{config_hash(kind, config)}-d{data_sha256[:12]}"
+
+
+def features_dir(target_name: str, data_sha256: str, cache: str | os.PathLike | None = None) -> Path:
+    """The default feature directory of a target and data set (shared by both kinds)."""
+    return _root(cache) / _slug(target_name) / f"features-{data_sha256[:16]}"
+
+
+def train_command(kind: str, target_name: str) -> str:
+    """The command line that trains ``kind`` heads for ``target_name``."""
+    if target_name.startswith("tiny-qwen2-seed0"):
+        return f"python -m specviz.heads train --kind {kind} --tiny --steps 200"
+    return f"python -m specviz.heads train --kind {kind} --target {target_name} --minutes 60"
+
+
+# -- the modules -----------------------------------------------------------------------------
+
+def _build(kind: str, target: LoadedModel, n_heads: int, vocab_map: torch.Tensor | None, seed: int):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if kind == "medusa":
+            return MedusaHeads(target, n_heads, vocab_map)
+        return EagleHead(target, vocab_map)
+
+
+def _target_meta(target: LoadedModel) -> dict:
+    return {"target": target.name, "hidden_size": int(target.model.config.hidden_size),
+            "vocab_size": int(target.vocab_size)}
+
+
+# -- batches ---------------------------------------------------------------------------------
+
+def _windows(lengths: list[int], firsts: list[int], weights: list[float], batch_size: int, window: int,
+             generator: torch.Generator) -> list[tuple[int, int, int]]:
+    """``(sequence, start, stop)`` of ``batch_size`` random windows: a sequence is drawn in
+    proportion to ``weights``, a window covers at most ``window`` of its positions that
+    have a next token (all but the last) and reaches position ``firsts[s]`` or later."""
+    picks = torch.multinomial(torch.tensor(weights, dtype=torch.float64), batch_size, replacement=True,
+                              generator=generator).tolist()
+    out = []
+    for s in picks:
+        usable = lengths[s] - 1
+        span = min(window, usable)
+        low = min(max(firsts[s] - span + 1, 0), usable - span)
+        start = low + int(torch.randint(0, usable - span - low + 1, (1,), generator=generator))
+        out.append((s, start, start + span))
+    return out
+
+
+def _medusa_batch(features: list[torch.Tensor], data: Corpus, n_heads: int, wins) -> tuple[torch.Tensor, ...]:
+    """Features ``(B, W, H)`` and labels ``(B, W, K)`` (-100 = no label)."""
+    width = max(b - a for _, a, b in wins)
+    h = features[0].shape[-1]
+    feats = torch.zeros(len(wins), width, h)
+    labels = torch.full((len(wins), width, n_heads), -100, dtype=torch.long)
+    for r, (s, a, b) in enumerate(wins):
+        seq = torch.tensor(data.sequences[s])
+        n, p = len(seq), data.prompt_lengths[s]
+        feats[r, :b - a] = features[s][a:b].float()
+        for k in range(1, n_heads + 1):
+            at = torch.arange(a, b) + 1 + k  # label positions
+            ok = (at < n) & (at >= p)
+            labels[r, :b - a, k - 1] = torch.where(ok, seq[at.clamp(max=n - 1)], -100)
+    return feats, labels
+
+
+def _eagle_batch(features: list[torch.Tensor], data: Corpus, wins) -> tuple[torch.Tensor, ...]:
+    """Input features, next tokens, positions, valid ``(B, W)``, target features
+    ``(B, W, H)`` and labels ``(B, W)`` (-100 = no label) of EAGLE windows."""
+    width = max(b - a for _, a, b in wins)
+    h = features[0].shape[-1]
+    b_ = len(wins)
+    inputs = torch.zeros(b_, width, h)
+    targets = torch.zeros(b_, width, h)
+    tokens = torch.zeros(b_, width, dtype=torch.long)
+    positions = torch.zeros(b_, width, dtype=torch.long)
+    valid = torch.zeros(b_, width, dtype=torch.bool)
+    labels = torch.full((b_, width), -100, dtype=torch.long)
+    for r, (s, a, b) in enumerate(wins):
+        seq = torch.tensor(data.sequences[s])
+        n, p, m = len(seq), data.prompt_lengths[s], b - a
+        inputs[r, :m] = features[s][a:b].float()
+        targets[r, :m] = features[s][a + 1:b + 1].float()
+        tokens[r, :m] = seq[a + 1:b + 1]
+        positions[r, :m] = torch.arange(a, b)
+        positions[r, m:] = b - 1
+        valid[r, :m] = True
+        at = torch.arange(a, b) + 2
+        labels[r, :m] = torch.where((at < n) & (at >= p), seq[at.clamp(max=n - 1)], -100)
+    return inputs, tokens, positions, valid, targets, labels
+
+
+def _medusa_loss(heads: MedusaHeads, feats: torch.Tensor, labels: torch.Tensor,
+                 decay: float) -> tuple[torch.Tensor, float]:
+    device = heads.blocks[0].weight.device
+    states = heads.states(feats.to(device))  # (B, W, K, H)
+    labels = heads.label_index(labels.to(device))  # (B, W, K)
+    total, weights, correct, counted = 0.0, 0.0, 0, 0
+    for k in range(heads.n_heads):
+        lab = labels[:, :, k].reshape(-1)
+        count = int((lab != -100).sum())
+        if count == 0:
+            continue
+        logits = heads.scores(states[:, :, k]).reshape(lab.numel(), -1)  # (B * W, V)
+        weight = decay ** k
+        total = total + weight * F.cross_entropy(logits, lab, ignore_index=-100)
+        weights += weight
+        correct += int((logits.argmax(-1) == lab).sum())
+        counted += count
+    if not weights:
+        return torch.zeros((), device=device, requires_grad=True), float("nan")
+    return total / weights, correct / counted
+
+
+def _eagle_loss(head: EagleHead, batch, config: HeadConfig, generator: torch.Generator
+                ) -> tuple[torch.Tensor, float]:
+    inputs, tokens, positions, valid, targets, labels = batch
+    if config.noise > 0:
+        rms = inputs.pow(2).mean(-1, keepdim=True).sqrt()  # (B, W, 1)
+        inputs = inputs + (torch.rand(inputs.shape, generator=generator) * 2 - 1) * config.noise * rms
+    device = head.fc.weight.device
+    pred = head(inputs.to(device), tokens.to(device), positions.to(device), valid.to(device))  # (B, W, H)
+    ok = valid.to(device)
+    reg = F.smooth_l1_loss(pred[ok], targets.to(device)[ok])
+    lab = head.label_index(labels.to(device)).reshape(-1)
+    loss = config.regression_weight * reg
+    count = int((lab != -100).sum())
+    if count == 0:
+        return loss, float("nan")
+    logits = head.scores(pred).reshape(lab.numel(), -1)  # (B * W, V)
+    loss = loss + config.classification_weight * F.cross_entropy(logits, lab, ignore_index=-100)
+    return loss, int((logits.argmax(-1) == lab).sum()) / count
+
+
+# -- checkpoints -----------------------------------------------------------------------------
+
+def _save(path: Path, payload: dict, meta: dict) -> None:
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    atomic_write_bytes(path / "checkpoint.pt", buf.getvalue())
+    atomic_write_text(path / "meta.json", json.dumps(meta, indent=1, sort_keys=True) + "\n")
+
+
+def _recent(history: list[tuple[int, float, float]], last: int = 20) -> tuple[float, float]:
+    tail = history[-last:]
+    if not tail:
+        return float("nan"), float("nan")
+    losses = [h[1] for h in tail]
+    accs = [h[2] for h in tail if h[2] == h[2]]
+    return sum(losses) / len(losses), (sum(accs) / len(accs) if accs else float("nan"))
+
+
+def _check_same_run(path: Path, found: dict, wanted: dict) -> None:
+    for key in ("kind", "target", "hidden_size", "config_hash", "data_sha256"):
+        if found.get(key) != wanted[key]:
+            raise ValueError(f"{path} holds a training run with {key} {found.get(key)!r}, not {wanted[key]!r}; "
+                             "give another out_dir")
+
+
+def train_heads(kind: str, target: LoadedModel, data: Corpus, *, minutes: float | None = None,
+                steps: int | None = None, out_dir: str | os.PathLike | None = None,
+                config: HeadConfig | None = None, features: str | os.PathLike | None = None,
+                progress: bool = True) -> TrainResult:
+    """Train ``kind`` heads ("medusa" or "eagle") for ``target`` on ``data``.
+
+    The target's features of ``data`` are extracted first (cached in ``features``,
+    default :func:`features_dir`); then AdamW runs until ``steps`` optimizer steps or
+    ``minutes`` of training (in total over every call on this directory) are done,
+    whichever comes first. Interrupting it (Ctrl-C) writes a checkpoint before the
+    ``KeyboardInterrupt`` propagates; the same call again resumes.
+
+    Args:
+        kind: "medusa" or "eagle".
+        target: the target model (frozen; its LM head and embeddings are shared).
+        data: the training :class:`~specviz.heads.Corpus`.
+        minutes: training time budget.
+        steps: optimizer step budget.
+        out_dir: the result directory (default :func:`heads_dir` in the specviz cache).
+        config: training settings (default :class:`HeadConfig`).
+        features: the feature directory (default :func:`features_dir`).
+        progress: progress bars on stderr.
+
+    Raises:
+        ValueError: an unknown kind, neither ``steps`` nor ``minutes``, a reduced
+            vocabulary larger than the target's, or an ``out_dir`` holding another run.
+    """
+    from tqdm import tqdm
+
+    check_choice("kind", kind, KINDS)
+    if not isinstance(data, Corpus):
+        raise TypeError(f"data must be a specviz.heads.Corpus, got {type(data).__name__}")
+    if steps is None and minutes is None:
+        raise ValueError("give steps or minutes (or both): training runs until either is reached")
+    if steps is not None:
+        check_int("steps", steps)
+    if minutes is not None and (isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or minutes <= 0):
+        raise ValueError(f"minutes must be a number > 0, got {minutes!r}")
+    cfg = config if config is not None else HeadConfig()
+    if not isinstance(cfg, HeadConfig):
+        raise TypeError(f"config must be a HeadConfig, got {type(cfg).__name__}")
+    if cfg.vocab is not None and cfg.vocab > target.vocab_size:
+        raise ValueError(f"vocab {cfg.vocab} is larger than {target.name}'s vocabulary ({target.vocab_size})")
+    top = max(max(s) for s in data.sequences)
+    if top >= target.vocab_size:
+        raise ValueError(f"data holds token id {top}, outside {target.name}'s vocabulary ({target.vocab_size})")
+    out = Path(out_dir) if out_dir is not None else heads_dir(target.name, kind, cfg, data.sha256)
+    meta = {"format": _FORMAT, "kind": kind, **_target_meta(target), "n_heads": cfg.n_heads if kind == "medusa"
+            else None, "config": asdict(cfg), "config_hash": config_hash(kind, cfg), "data_sha256": data.sha256,
+            "data_tokens": data.tokens, "data_sequences": len(data)}
+    if (out / "meta.json").exists():
+        _check_same_run(out, json.loads((out / "meta.json").read_text()), meta)
+
+    from specviz.decode.engine import eos_token_ids
+
+    vocab_map = reduced_vocab(data.sequences, cfg.vocab, always=eos_token_ids(target)) if cfg.vocab else None
+    module = _build(kind, target, cfg.n_heads, vocab_map, cfg.seed)
+    params = [p for p in module.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    step, elapsed, history = 0, 0.0, []
+    ckpt = out / "checkpoint.pt"
+    if ckpt.exists():
+        saved = torch.load(ckpt, map_location="cpu", weights_only=True)
+        module.load_state_dict(saved["state"])
+        optimizer.load_state_dict(saved["optimizer"])
+        generator.set_state(saved["generator"])
+        step, elapsed = int(saved["step"]), float(saved["elapsed_s"])
+        history = [tuple(h) for h in saved["history"]]
+
+    def done(now_elapsed: float) -> bool:
+        return (steps is not None and step >= steps) or (minutes is not None and now_elapsed >= minutes * 60)
+
+    if done(elapsed):  # a finished run: nothing to extract or train
+        module.eval()
+        loss, acc = _recent(history)
+        return TrainResult(out, module, step, loss, acc, True, history)
+
+    feat_dir = Path(features) if features is not None else features_dir(target.name, data.sha256)
+    extract_features(target, data.sequences, feat_dir, sha256=data.sha256, dtype=cfg.feature_dtype,
+                     progress=progress)
+    feats = load_features(feat_dir, sha256=data.sha256)
+    lengths = [len(s) for s in data.sequences]
+    if kind == "medusa":  # windows that reach a position whose heads have a continuation label
+        firsts = [max(p - 1 - cfg.n_heads, 0) for p in data.prompt_lengths]
+        weights = [float(n - p) for n, p in zip(lengths, data.prompt_lengths)]
+    else:
+        firsts = [0] * len(lengths)
+        weights = [float(n - 1) for n in lengths]
+    if not any(weights):
+        raise ValueError("the data has no continuation tokens to learn from (every sequence is all prompt)")
+
+    def save(finished: bool, now_elapsed: float) -> None:
+        loss, acc = _recent(history)
+        payload = {"format": _FORMAT, "meta": meta, "state": module.state_dict(), "optimizer": optimizer.state_dict(),
+                   "generator": generator.get_state(), "step": step, "elapsed_s": now_elapsed,
+                   "history": [list(h) for h in history]}
+        _save(out, payload, {**meta, "step": step, "elapsed_s": round(now_elapsed, 3), "loss": loss,
+                             "accuracy": acc, "finished": finished, "updated": time.time()})
+
+    start = time.monotonic()
+    last_save = start
+    module.train()
+    bar = tqdm(initial=step, total=steps, desc=f"training {kind} heads", unit="step", file=sys.stderr,
+               disable=not progress, mininterval=0.5)
+    at_start = None
+    try:
+        while not done(elapsed + time.monotonic() - start):
+            at_start = generator.get_state()  # restored if this step is interrupted
+            wins = _windows(lengths, firsts, weights, cfg.batch_size, cfg.window, generator)
+            if kind == "medusa":
+                loss, acc = _medusa_loss(module, *_medusa_batch(feats, data, cfg.n_heads, wins), cfg.head_decay)
+            else:
+                loss, acc = _eagle_loss(module, _eagle_batch(feats, data, wins), cfg, generator)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            optimizer.step()
+            step += 1
+            at_start = None
+            history.append((step, float(loss.detach()), acc))
+            bar.update(1)
+            bar.set_postfix(loss=f"{history[-1][1]:.3f}", acc=f"{acc:.3f}", refresh=False)
+            if time.monotonic() - last_save >= cfg.checkpoint_minutes * 60:
+                save(False, elapsed + time.monotonic() - start)
+                last_save = time.monotonic()
+    except KeyboardInterrupt:
+        if at_start is not None:  # the unfinished step's batch is drawn again on resume
+            generator.set_state(at_start)
+        save(False, elapsed + time.monotonic() - start)
+        bar.close()
+        print(f"\ninterrupted at step {step}; the checkpoint in {out} keeps it: run the same command to resume",
+              file=sys.stderr)
+        raise
+    bar.close()
+    elapsed += time.monotonic() - start
+    save(True, elapsed)
+    module.eval()
+    loss, acc = _recent(history)
+    return TrainResult(out, module, step, loss, acc, True, history)
+
+
+# -- loading ---------------------------------------------------------------------------------
+
+def _resolve(path_or_key: str | os.PathLike) -> Path:
+    path = Path(path_or_key).expanduser()
+    if path.exists():
+        return path
+    keyed = _root(None) / str(path_or_key)
+    if keyed.exists():
+        return keyed
+    raise FileNotFoundError(f"no trained heads at {path} (nor {keyed} in the specviz cache)")
+
+
+def load_heads(path_or_key: str | os.PathLike, target: LoadedModel) -> torch.nn.Module:
+    """A trained head module, checked against ``target``, in eval mode on its device.
+
+    Args:
+        path_or_key: a result directory, its ``checkpoint.pt``, or a directory relative to
+            ``<cache>/heads`` (e.g. ``"tiny-qwen2-seed0/medusa-c.../"``).
+        target: the model the heads will draft for.
+
+    Raises:
+        FileNotFoundError: no such directory or no ``checkpoint.pt`` in it (names the path).
+        ValueError: heads trained for another target, for another hidden size or
+            vocabulary size, or a file that is not a specviz heads checkpoint.
+    """
+    path = _resolve(path_or_key)
+    ckpt = path / "checkpoint.pt" if path.is_dir() else path
+    if not ckpt.exists():
+        raise FileNotFoundError(f"no trained heads at {ckpt}: the file is missing")
+    try:
+        saved = torch.load(ckpt, map_location="cpu", weights_only=True)
+        meta = saved["meta"]
+        kind = meta["kind"]
+    except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same message
+        raise ValueError(f"{ckpt} is not a specviz heads checkpoint ({exc})") from None
+    if meta.get("target") != target.name:
+        raise ValueError(f"heads in {ckpt} were trained for target {meta.get('target')!r}, not {target.name!r}")
+    wanted = _target_meta(target)
+    for key, what in (("hidden_size", "hidden size"), ("vocab_size", "vocabulary size")):
+        if meta.get(key) != wanted[key]:
+            raise ValueError(f"heads in {ckpt} have {what} {meta.get(key)}, but target {target.name!r} has "
+                             f"{wanted[key]}")
+    if kind not in KINDS:
+        raise ValueError(f"{ckpt} holds heads of unknown kind {kind!r}; known kinds: {', '.join(KINDS)}")
+    state = saved["state"]
+    module = _build(kind, target, int(meta.get("n_heads") or 1), state.get("vocab_map"), 0)
+    module.load_state_dict(state)
+    module.eval()
+    return module
+
+
+def find_heads(target_name: str, kind: str, cache: str | os.PathLike | None = None) -> Path:
+    """The newest finished ``kind`` result for ``target_name`` in the specviz cache.
+
+    Raises:
+        FileNotFoundError: none is cached; the message gives the command that trains one.
+    """
+    check_choice("kind", kind, KINDS)
+    folder = _root(cache) / _slug(target_name)
+    found = []
+    for meta_path in folder.glob(f"{kind}-*/meta.json"):
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if meta.get("finished") and meta.get("target") == target_name and meta.get("kind") == kind:
+            found.append((float(meta.get("updated", 0.0)), meta_path.parent))
+    if not found:
+        raise FileNotFoundError(f"no trained {kind} heads for target {target_name!r} in {folder}; train them "
+                                f"with: {train_command(kind, target_name)}")
+    return max(found)[1]
+
+
+def load_cached_heads(target: LoadedModel, kind: str) -> torch.nn.Module:
+    """:func:`load_heads` of :func:`find_heads` for ``target``."""
+    return load_heads(find_heads(target.name, kind), target)
+
+
+# -- evaluation ------------------------------------------------------------------------------
+
+@torch.no_grad()
+def head_accuracy(heads: MedusaHeads, features: torch.Tensor | Sequence[torch.Tensor],
+                  tokens: Sequence[int] | torch.Tensor | Sequence[Sequence[int]], k: int = 5,
+                  start: int | Sequence[int] = 0):
+    """Top-1 and top-``k`` accuracy of every Medusa head, teacher-forced.
+
+    Head ``j`` at position ``t`` is right when the target's token at ``t + 1 + j`` is its
+    top-1 (top-``k``) candidate.
+
+    Args:
+        heads: the :class:`~specviz.heads.MedusaHeads`.
+        features: ``(T, H)`` target features of one sequence, or one tensor per sequence.
+        tokens: the sequence's ``T`` token ids, or one sequence per features tensor.
+        k: the wider cut.
+        start: score only labels at positions ``>= start`` (e.g. the prompt length; one
+            value per sequence, or one for all).
+
+    Returns:
+        A pandas DataFrame, one row per head: ``head``, ``offset`` (tokens ahead of the
+        position), ``top1``, ``top<k>``, ``positions`` (labels scored).
+    """
+    import pandas as pd
+
+    if not isinstance(heads, MedusaHeads):
+        raise TypeError(f"heads must be MedusaHeads, got {type(heads).__name__}")
+    check_int("k", k)
+    single = isinstance(features, torch.Tensor)
+    feats = [features] if single else list(features)
+    toks = [tokens] if single else list(tokens)
+    if len(feats) != len(toks):
+        raise ValueError(f"got {len(feats)} feature tensors for {len(toks)} token sequences")
+    starts = [start] * len(feats) if isinstance(start, int) else list(start)
+    hits1 = [0] * heads.n_heads
+    hitsk = [0] * heads.n_heads
+    counts = [0] * heads.n_heads
+    for f, t, s0 in zip(feats, toks, starts):
+        t = torch.as_tensor(t, dtype=torch.long)
+        if f.shape[0] != t.numel():
+            raise ValueError(f"features cover {f.shape[0]} positions but the sequence has {t.numel()} tokens")
+        for a in range(0, f.shape[0], 256):
+            chunk = f[a:a + 256]
+            logits = heads.full_logits(heads.states(chunk.float().to(heads.blocks[0].weight.device))).cpu()  # (n, K, V)
+            top = logits.topk(min(k, logits.shape[-1]), dim=-1).indices  # (n, K, k)
+            for j in range(heads.n_heads):
+                at = torch.arange(a, a + chunk.shape[0]) + 2 + j
+                ok = (at < t.numel()) & (at >= s0)
+                if not bool(ok.any()):
+                    continue
+                want = t[at[ok]]  # (m,)
+                cand = top[ok, j]  # (m, k)
+                hits1[j] += int((cand[:, 0] == want).sum())
+                hitsk[j] += int((cand == want[:, None]).any(-1).sum())
+                counts[j] += int(ok.sum())
+    rows = [{"head": j + 1, "offset": j + 2, "top1": hits1[j] / counts[j] if counts[j] else float("nan"),
+             f"top{k}": hitsk[j] / counts[j] if counts[j] else float("nan"), "positions": counts[j]}
+            for j in range(heads.n_heads)]
+    return pd.DataFrame(rows)

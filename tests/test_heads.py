@@ -1,0 +1,408 @@
+"""Trained draft heads (specviz.heads) on the tiny random target: features, training with
+checkpoints and resume, the result cache and its load errors, the reduced vocabulary,
+greedy identity of the Medusa and EAGLE drafters with the target, and the command line."""
+
+import json
+
+import pytest
+import torch
+
+import specviz.heads.training as training
+from specviz.decode.engine import (
+    encode_prompt,
+    plain_generate,
+    speculative_generate,
+    speculative_generate_batch,
+)
+from specviz.decode.replay import replay_acceptance
+from specviz.draft.registry import build_drafter
+from specviz.heads import (
+    Corpus,
+    EagleDrafter,
+    EagleHead,
+    HeadConfig,
+    MedusaDrafter,
+    MedusaHeads,
+    build_corpus,
+    config_hash,
+    extract_features,
+    find_heads,
+    head_accuracy,
+    heads_dir,
+    load_features,
+    load_heads,
+    out_of_vocab_share,
+    reduced_vocab,
+    stdlib_prompts,
+    target_features,
+    train_heads,
+)
+from specviz.heads.__main__ import main
+from specviz.models.kvcache import forward_tokens, new_cache
+from specviz.models.loading import tiny_model
+from specviz.sampling import GREEDY, SamplingConfig
+from specviz.study.prompts import DEFAULT_PROMPTS_PATH
+from specviz.tree.core import pad_trees
+from specviz.tree.shapes import chain, kary
+
+PROMPTS = ("def fizzbuzz(n):", "What is 17 * 23? Think step by step.",
+           "Translate to French: the cat sleeps on the warm window sill.")
+#: small, fast training settings
+SMALL = HeadConfig(window=24, batch_size=4, lr=3e-3)
+STEPS = 40
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One intra-op thread: tiny models gain nothing from more, and on a busy machine
+    waiting on the thread pool would dominate the run time."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """An empty specviz cache for the whole module (SPECVIZ_CACHE points at it)."""
+    root = tmp_path_factory.mktemp("cache")
+    patch = pytest.MonkeyPatch()
+    patch.setenv("SPECVIZ_CACHE", str(root))
+    yield root
+    patch.undo()
+
+
+@pytest.fixture(scope="module")
+def corpus(tiny_pair) -> Corpus:
+    """The target's greedy continuations of a few prompts (plain text: the tiny target's
+    continuations of chat-wrapped prompts hardly depend on the prompt)."""
+    seqs, lens = [], []
+    for prompt in ("def add(a, b):", "Translate: the cat sleeps.", "List three colours.") + PROMPTS:
+        out = plain_generate(tiny_pair.target, prompt, max_new_tokens=24, stop_at_eos=False, chat=False)
+        seqs.append(list(out.prompt_ids) + list(out.output_ids))
+        lens.append(len(out.prompt_ids))
+    return Corpus.from_sequences(seqs, lens)
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_pair, corpus, cache):
+    """Medusa heads and an EAGLE head trained briefly into the cache."""
+    return {kind: train_heads(kind, tiny_pair.target, corpus, steps=STEPS, config=SMALL, progress=False)
+            for kind in ("medusa", "eagle")}
+
+
+# -- features -------------------------------------------------------------------------------------
+
+def test_forward_hidden_equals_target_features(tiny_pair):
+    model = tiny_pair.target.model
+    ids = encode_prompt(tiny_pair.target.tokenizer, "def add(a, b):")
+    cache = new_cache(model)
+    forward_tokens(model, cache, torch.tensor([ids[:-1]]), torch.arange(len(ids) - 1)[None], None)
+    tree = build_drafter("tree-2x2", tiny_pair).draft(torch.tensor(ids), GREEDY, "greedy", None)
+    batch = pad_trees([tree], [len(ids) - 1])
+    plain = forward_tokens(model, cache, batch.tokens, batch.position_ids, batch.mask)
+    cache = new_cache(model)
+    forward_tokens(model, cache, torch.tensor([ids[:-1]]), torch.arange(len(ids) - 1)[None], None)
+    logits, hidden = forward_tokens(model, cache, batch.tokens, batch.position_ids, batch.mask, hidden=True)
+    assert torch.equal(logits, plain)  # the hidden option changes nothing else
+    assert hidden.shape == (1, tree.n_nodes, model.config.hidden_size)
+    for node in range(tree.n_nodes):
+        path = [node]
+        while path[-1] > 0:
+            path.append(int(tree.parents[path[-1]]))
+        seq = ids[:-1] + [int(tree.tokens[i]) for i in reversed(path)]
+        torch.testing.assert_close(hidden[0, node], target_features(tiny_pair.target, seq)[-1], atol=1e-5, rtol=1e-5)
+    assert target_features(tiny_pair.target, []).shape == (0, model.config.hidden_size)
+
+
+def test_features_are_cached_in_shards_and_resume(tiny_pair, corpus, tmp_path):
+    out = extract_features(tiny_pair.target, corpus.sequences, tmp_path, sha256=corpus.sha256, shard_size=2,
+                           progress=False)
+    shards = sorted(p.name for p in out.glob("shard-*.pt"))
+    assert shards == ["shard-00000.pt", "shard-00001.pt", "shard-00002.pt"]
+    feats = load_features(out, sha256=corpus.sha256)
+    assert [f.shape[0] for f in feats] == [len(s) for s in corpus.sequences]
+    torch.testing.assert_close(feats[1].float(), target_features(tiny_pair.target, corpus.sequences[1]),
+                               atol=1e-2, rtol=1e-2)  # stored in float16
+    (out / "shard-00001.pt").unlink()
+    before = (out / "shard-00000.pt").stat().st_mtime_ns
+    extract_features(tiny_pair.target, corpus.sequences, tmp_path, sha256=corpus.sha256, shard_size=2,
+                     progress=False)
+    assert (out / "shard-00001.pt").exists() and (out / "shard-00000.pt").stat().st_mtime_ns == before
+    with pytest.raises(ValueError, match="holds data_sha256"):
+        extract_features(tiny_pair.target, corpus.sequences, tmp_path, sha256="0" * 64, shard_size=2, progress=False)
+
+
+# -- data -----------------------------------------------------------------------------------------
+
+def test_stdlib_prompts_are_deterministic():
+    a = stdlib_prompts(4, seed=1, max_chars=200)
+    assert a == stdlib_prompts(4, seed=1, max_chars=200) and a != stdlib_prompts(4, seed=2, max_chars=200)
+    assert all(p.startswith(("Explain", "Summarise", "Complete")) for p in a)
+
+
+def test_build_corpus_records_size_and_hash(tiny_pair, tmp_path):
+    store = tmp_path / "corpus.jsonl"
+    data = build_corpus(tiny_pair.target, prompts=1, max_new_tokens=6, max_prompt_chars=120, store=store,
+                        progress=False)
+    assert len(data) == 2  # one greedy, one sampled continuation
+    assert data.tokens == sum(len(s) for s in data.sequences)
+    assert data.sequences[0][:data.prompt_lengths[0]] == data.sequences[1][:data.prompt_lengths[1]]
+    again = build_corpus(tiny_pair.target, prompts=1, max_new_tokens=6, max_prompt_chars=120, store=store,
+                         progress=False)  # read back from the store
+    assert again == data and len(data.sha256) == 64
+    assert Corpus.from_sequences(data.sequences[:1], data.prompt_lengths[:1]).sha256 != data.sha256
+    with pytest.raises(ValueError, match="held-out category"):
+        build_corpus(tiny_pair.target, prompts=0, spec_bench=DEFAULT_PROMPTS_PATH, progress=False)
+
+
+# -- training -------------------------------------------------------------------------------------
+
+def _mean(values) -> float:
+    return sum(values) / len(values)
+
+
+def test_training_lowers_the_loss(trained):
+    for kind, result in trained.items():
+        losses = [h[1] for h in result.history]
+        assert result.step == STEPS and len(losses) == STEPS
+        assert _mean(losses[-5:]) < 0.5 * _mean(losses[:5]), kind
+        meta = json.loads((result.path / "meta.json").read_text())
+        assert meta["finished"] and meta["step"] == STEPS and meta["kind"] == kind
+
+
+def test_checkpoint_and_resume_continue_from_the_saved_step(tiny_pair, corpus, tmp_path, monkeypatch):
+    feats = tmp_path / "features"
+    cfg = HeadConfig(window=16, batch_size=2, noise=0.1)
+    straight = train_heads("eagle", tiny_pair.target, corpus, steps=6, out_dir=tmp_path / "a", config=cfg,
+                           features=feats, progress=False)
+    calls = {"n": 0}
+    real = training._eagle_loss
+
+    def interrupted(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(training, "_eagle_loss", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train_heads("eagle", tiny_pair.target, corpus, steps=6, out_dir=tmp_path / "b", config=cfg, features=feats,
+                    progress=False)
+    saved = json.loads((tmp_path / "b" / "meta.json").read_text())
+    assert saved["step"] == 3 and not saved["finished"]
+    monkeypatch.setattr(training, "_eagle_loss", real)
+    resumed = train_heads("eagle", tiny_pair.target, corpus, steps=6, out_dir=tmp_path / "b", config=cfg,
+                          features=feats, progress=False)
+    assert resumed.step == 6 and [h[0] for h in resumed.history] == [1, 2, 3, 4, 5, 6]
+    assert repr(resumed.history) == repr(straight.history)  # accuracies may be nan
+    for key, value in straight.heads.state_dict().items():
+        assert torch.equal(value, resumed.heads.state_dict()[key]), key
+    again = train_heads("eagle", tiny_pair.target, corpus, steps=6, out_dir=tmp_path / "b", config=cfg,
+                        features=feats, progress=False)  # finished: nothing more to do
+    assert again.step == 6
+    with pytest.raises(ValueError, match="holds a training run with kind 'eagle', not 'medusa'"):
+        train_heads("medusa", tiny_pair.target, corpus, steps=1, out_dir=tmp_path / "b", config=cfg, features=feats,
+                    progress=False)
+
+
+def test_checkpoints_are_written_while_training(tiny_pair, corpus, tmp_path, monkeypatch):
+    saved = []
+    real = training._save
+    monkeypatch.setattr(training, "_save", lambda path, payload, meta: (saved.append(meta["step"]),
+                                                                        real(path, payload, meta)))
+    train_heads("medusa", tiny_pair.target, corpus, steps=3, out_dir=tmp_path / "run", features=tmp_path / "f",
+                config=HeadConfig(window=16, batch_size=2, checkpoint_minutes=1e-9), progress=False)
+    assert saved == [1, 2, 3, 3]  # after every step (the interval is tiny), then the final one
+
+
+def test_cache_keys(corpus):
+    cfg = HeadConfig()
+    base = heads_dir("tiny-qwen2-seed0", "medusa", cfg, corpus.sha256)
+    assert base.parent.name == "tiny-qwen2-seed0" and base.name.startswith("medusa-c")
+    assert base == heads_dir("tiny-qwen2-seed0", "medusa", HeadConfig(checkpoint_minutes=1.0), corpus.sha256)
+    others = [heads_dir("tiny-qwen2-seed1", "medusa", cfg, corpus.sha256),
+              heads_dir("tiny-qwen2-seed0", "eagle", cfg, corpus.sha256),
+              heads_dir("tiny-qwen2-seed0", "medusa", HeadConfig(lr=1e-4), corpus.sha256),
+              heads_dir("tiny-qwen2-seed0", "medusa", HeadConfig(vocab=100), corpus.sha256),
+              heads_dir("tiny-qwen2-seed0", "medusa", cfg, "f" * 64)]
+    assert len({base, *others}) == 6
+    assert config_hash("eagle", HeadConfig(n_heads=2)) == config_hash("eagle", HeadConfig(n_heads=5))
+    assert config_hash("medusa", HeadConfig(n_heads=2)) != config_hash("medusa", HeadConfig(n_heads=5))
+
+
+def test_load_errors_name_the_problem(trained, tiny_pair, tmp_path):
+    path = trained["medusa"].path
+    heads = load_heads(path, tiny_pair.target)
+    assert isinstance(heads, MedusaHeads) and not heads.training
+    assert isinstance(load_heads(path / "checkpoint.pt", tiny_pair.target), MedusaHeads)
+    with pytest.raises(ValueError, match=r"trained for target 'tiny-qwen2-seed0', not 'tiny-qwen2-seed1'"):
+        load_heads(path, tiny_model(seed=1))
+    with pytest.raises(ValueError, match=r"hidden size 64, but target 'tiny-qwen2-seed0' has 32"):
+        load_heads(path, tiny_model(seed=0, hidden=32))
+    with pytest.raises(FileNotFoundError, match=str(tmp_path / "checkpoint.pt")):
+        load_heads(tmp_path, tiny_pair.target)
+    with pytest.raises(FileNotFoundError, match="no trained heads at"):
+        load_heads(tmp_path / "absent", tiny_pair.target)
+    assert find_heads("tiny-qwen2-seed0", "eagle") == trained["eagle"].path
+
+
+# -- reduced vocabulary ---------------------------------------------------------------------------
+
+def test_reduced_vocabulary(tiny_pair, corpus, tmp_path):
+    ids = reduced_vocab(corpus.sequences, 10, always=[5])
+    assert ids.numel() == 10 and 5 in ids.tolist() and ids.tolist() == sorted(ids.tolist())
+    counts = torch.bincount(torch.tensor([t for s in corpus.sequences for t in s]))
+    top = [t for t in counts.argsort(descending=True, stable=True).tolist() if t != 5][:9]
+    assert set(top) <= set(ids.tolist())
+    tokens = [t for s in corpus.sequences for t in s]
+    share = out_of_vocab_share(ids, corpus.sequences)
+    assert share == pytest.approx(sum(t not in set(ids.tolist()) for t in tokens) / len(tokens))
+    assert out_of_vocab_share(None, corpus.sequences) == 0.0
+    heads = MedusaHeads(tiny_pair.target, 2, vocab_map=ids)
+    hidden = torch.randn(3, 64)
+    full = heads.full_logits(heads.states(hidden))  # (3, 2, V)
+    outside = torch.ones(tiny_pair.target.vocab_size, dtype=torch.bool)
+    outside[ids] = False
+    assert torch.isinf(full[..., outside]).all() and torch.isfinite(full[..., ids]).all()
+    torch.testing.assert_close(full[..., ids], heads(hidden))
+    assert heads.label_index(torch.tensor([int(ids[3]), int(outside.nonzero()[0]), -100])).tolist() == [3, -100, -100]
+    with pytest.raises(ValueError, match="outside the target's vocabulary"):
+        MedusaHeads(tiny_pair.target, 2, vocab_map=torch.tensor([0, 10_000]))
+    result = train_heads("medusa", tiny_pair.target, corpus, steps=2, out_dir=tmp_path / "r",
+                         config=HeadConfig(vocab=40, n_heads=2, window=16, batch_size=2), features=tmp_path / "f",
+                         progress=False)
+    loaded = load_heads(result.path, tiny_pair.target)
+    assert loaded.vocab_map.numel() == 40 and torch.equal(loaded.vocab_map, result.heads.vocab_map)
+    drafter = MedusaDrafter(tiny_pair.target, loaded, kary(2, 2))
+    for prompt in PROMPTS[:1]:
+        ref = plain_generate(tiny_pair.target, prompt, max_new_tokens=16)
+        out = speculative_generate(tiny_pair.target, drafter, prompt, max_new_tokens=16)
+        assert out.output_ids == ref.output_ids
+        allowed = set(loaded.vocab_map.tolist())
+        assert all(set(s.tree.tokens[1:].tolist()) <= allowed for s in out.steps)
+
+
+# -- per-head accuracy ----------------------------------------------------------------------------
+
+def test_head_accuracy(trained, tiny_pair, corpus):
+    heads = trained["medusa"].heads
+    seqs = corpus.sequences[:2]
+    feats = [target_features(tiny_pair.target, s) for s in seqs]
+    table = head_accuracy(heads, feats, seqs, k=5, start=list(corpus.prompt_lengths[:2]))
+    assert list(table.columns) == ["head", "offset", "top1", "top5", "positions"]
+    assert table["head"].tolist() == [1, 2, 3, 4] and table["offset"].tolist() == [2, 3, 4, 5]
+    assert (table["top5"] >= table["top1"]).all() and table["top1"].between(0, 1).all()
+    # head 2 of one sequence by hand: position t predicts token t + 3
+    seq, start = seqs[0], corpus.prompt_lengths[0]
+    with torch.no_grad():
+        best = heads.full_logits(heads.states(feats[0]))[:, 1].argmax(-1)  # (T,)
+    hits = [int(best[t]) == seq[t + 3] for t in range(len(seq) - 3) if t + 3 >= start]
+    one = head_accuracy(heads, feats[0], seq, k=1, start=start)
+    assert one["positions"][1] == len(hits) == len(seq) - start
+    assert one["top1"][1] == pytest.approx(sum(hits) / len(hits))
+
+
+# -- drafters -------------------------------------------------------------------------------------
+
+def _drafters(tiny_pair, trained):
+    medusa, eagle = trained["medusa"].heads, trained["eagle"].heads
+    target = tiny_pair.target
+    return {
+        "medusa": MedusaDrafter(target, medusa),
+        "medusa-paths": MedusaDrafter(target, medusa, [(0,), (1,), (0, 0), (0, 1), (0, 0, 0), (0, 0, 0, 0)]),
+        "medusa-kary": MedusaDrafter(target, medusa, kary(2, 2)),
+        "eagle": EagleDrafter(target, eagle, topk=3, depth=4, budget=10),
+        "eagle-wide": EagleDrafter(target, eagle, topk=4, depth=5, budget=24),
+        "eagle-small": EagleDrafter(target, eagle, topk=2, depth=2, budget=3),
+        "eagle-chain": EagleDrafter(target, eagle, topk=1, depth=4, budget=4),
+    }
+
+
+def test_greedy_identity(tiny_pair, trained):
+    accepted = 0
+    cases = [(p, False) for p in PROMPTS] + [(PROMPTS[0], True)]
+    refs = {c: plain_generate(tiny_pair.target, c[0], max_new_tokens=32, chat=c[1]) for c in cases}
+    for name, drafter in _drafters(tiny_pair, trained).items():
+        for prompt, chat in cases:
+            out = speculative_generate(tiny_pair.target, drafter, prompt, max_new_tokens=32, chat=chat)
+            assert out.output_ids == refs[prompt, chat].output_ids, (name, prompt, chat)
+            accepted += sum(s.acceptance.n_accepted for s in out.steps)
+    assert accepted > 0  # the drafts are sometimes right, so accepted paths are exercised
+
+
+def test_batched_identity_and_engine_features(tiny_pair, trained):
+    drafter = EagleDrafter(tiny_pair.target, trained["eagle"].heads, topk=2, depth=3, budget=6)
+    outs = speculative_generate_batch(tiny_pair.target, drafter, list(PROMPTS), max_new_tokens=16, chat=False)
+    assert any(s.acceptance.n_accepted for out in outs for s in out.steps)
+    for prompt, out in zip(PROMPTS, outs):
+        assert out.output_ids == plain_generate(tiny_pair.target, prompt, max_new_tokens=16, chat=False).output_ids
+    # the features the engine handed over are the target's own
+    single = speculative_generate(tiny_pair.target, drafter, PROMPTS[0], max_new_tokens=16, chat=False)
+    track = drafter.features
+    context = list(single.prompt_ids) + list(single.output_ids)
+    assert track.tokens == context[:len(track.tokens)] and len(track.tokens) >= len(single.prompt_ids)
+    torch.testing.assert_close(track.features, target_features(tiny_pair.target, track.tokens), atol=1e-4, rtol=1e-4)
+
+
+def test_drafts_without_the_engine_equal_drafts_in_it(tiny_pair, trained):
+    drafters = _drafters(tiny_pair, trained)
+    for drafter in (drafters["medusa"], drafters["eagle"]):
+        live = speculative_generate(tiny_pair.target, drafter, PROMPTS[2], max_new_tokens=16, stop_at_eos=False,
+                                    chat=False)
+        ref = plain_generate(tiny_pair.target, PROMPTS[2], max_new_tokens=16, stop_at_eos=False, chat=False)
+        replayed = replay_acceptance(tiny_pair.target, drafter, ref, stop_at_eos=False)  # drafter's own features
+        assert [s.tree.tokens.tolist() for s in replayed.steps] == [s.tree.tokens.tolist() for s in live.steps]
+
+
+def test_drafter_checks(tiny_pair, trained):
+    with pytest.raises(ValueError, match="depth 5 but the heads draft only 4"):
+        MedusaDrafter(tiny_pair.target, trained["medusa"].heads, chain(5))
+    with pytest.raises(TypeError, match="heads must be EagleHead, got MedusaHeads"):
+        EagleDrafter(tiny_pair.target, trained["medusa"].heads)
+    with pytest.raises(ValueError, match="hidden size 64, but target"):
+        MedusaDrafter(tiny_model(seed=0, hidden=32), trained["medusa"].heads)
+    drafter = EagleDrafter(tiny_pair.target, trained["eagle"].heads)
+    with pytest.raises(ValueError, match="sibling_sampling 'topk'"):
+        drafter.draft(torch.tensor([1, 2, 3]), SamplingConfig(temperature=1.0), "iid", None)
+    assert drafter.draft(torch.tensor([7]), GREEDY, "greedy", None).n_nodes == 1  # nothing verified yet: no proposal
+    assert isinstance(trained["eagle"].heads, EagleHead)
+
+
+def test_registry_builds_head_drafters(tiny_pair, trained):
+    assert build_drafter("medusa", tiny_pair).name == "medusa(n=21,d=4)"
+    assert build_drafter("medusa-2x1", tiny_pair).name == "medusa(n=4,d=2)"
+    assert build_drafter("medusa-k2-d2-n5", tiny_pair).shape.budget == 5
+    assert build_drafter("eagle", tiny_pair).name == "eagle(k=4,d=5,n=16)"
+    assert build_drafter("eagle-k2-d3-n5", tiny_pair).name == "eagle(k=2,d=3,n=5)"
+    chain3 = build_drafter("eagle-chain-k3", tiny_pair)
+    assert chain3.name == "eagle-chain(k=3)" and chain3.topk == 1
+
+
+# -- command line ---------------------------------------------------------------------------------
+
+def test_cli_tiny_train_and_info(tmp_path, cache, capsys):
+    out = tmp_path / "run"
+    argv = ["train", "--kind", "medusa", "--tiny", "--steps", "2", "--prompts", "1", "--new-tokens", "6",
+            "--window", "16", "--batch", "2", "--heads", "2", "--out", str(out), "--no-progress"]
+    assert main(argv) == 0
+    assert (out / "checkpoint.pt").exists()
+    assert "medusa heads for tiny-qwen2-seed0: 2 steps" in capsys.readouterr().out
+    assert main(["info", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "kind: medusa" in text and "step: 2" in text and "finished: True" in text
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "--kind", "hydra", "--tiny", "--steps", "1"], "invalid choice: 'hydra'"),
+    (["train", "--kind", "medusa", "--tiny"], "give --steps or --minutes"),
+    (["train", "--kind", "medusa", "--steps", "1"], "give --target NAME or --tiny"),
+    (["train", "--kind", "medusa", "--tiny", "--steps", "0"], "--steps must be > 0"),
+    (["train", "--kind", "medusa", "--tiny", "--steps", "x"], "invalid int value"),
+    (["info", "/nonexistent/heads"], "no training result at /nonexistent/heads"),
+    ([], "give a command"),
+])
+def test_cli_bad_input_exits_2_with_one_line(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and message in err
