@@ -141,6 +141,17 @@ def test_stdlib_prompts_are_deterministic():
     assert all(p.startswith(("Explain", "Summarise", "Complete")) for p in a)
 
 
+def test_build_corpus_decodes_greedy_continuations_in_batches(tiny_pair, tmp_path):
+    kwargs = dict(prompts=3, max_new_tokens=5, max_prompt_chars=120, temperatures=(0.0,), progress=False)
+    one_by_one = build_corpus(tiny_pair.target, batch_size=1, **kwargs)
+    store = tmp_path / "corpus.jsonl"
+    batched = build_corpus(tiny_pair.target, batch_size=2, store=store, **kwargs)
+    assert len(batched) == 3 and batched == one_by_one  # same continuations, same order
+    assert len(store.read_text().splitlines()) == 3  # every continuation kept for a resume
+    with pytest.raises(ValueError, match="batch_size"):
+        build_corpus(tiny_pair.target, batch_size=0, **kwargs)
+
+
 def test_build_corpus_records_size_and_hash(tiny_pair, tmp_path):
     store = tmp_path / "corpus.jsonl"
     data = build_corpus(tiny_pair.target, prompts=1, max_new_tokens=6, max_prompt_chars=120, store=store,
@@ -399,6 +410,10 @@ def test_cli_tiny_train_and_info(tmp_path, cache, capsys):
     (["train", "--kind", "medusa", "--steps", "1"], "give --target NAME or --tiny"),
     (["train", "--kind", "medusa", "--tiny", "--steps", "0"], "--steps must be > 0"),
     (["train", "--kind", "medusa", "--tiny", "--steps", "x"], "invalid int value"),
+    (["train", "--kind", "medusa", "--tiny", "--steps", "1", "--temperatures", "0,hot"],
+     "--temperatures must be numbers"),
+    (["train", "--kind", "medusa", "--tiny", "--steps", "1", "--temperatures", "-1"], "values >= 0"),
+    (["train", "--kind", "medusa", "--tiny", "--steps", "1", "--decode-batch", "0"], "--decode-batch must be > 0"),
     (["info", "/nonexistent/heads"], "no training result at /nonexistent/heads"),
     ([], "give a command"),
 ])

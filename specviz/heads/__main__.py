@@ -50,6 +50,10 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--prompts", type=int, metavar="N", help="standard library prompts (default 256; 8 with --tiny)")
     t.add_argument("--new-tokens", type=int, metavar="N",
                    help="continuation tokens per prompt (default 256; 32 with --tiny)")
+    t.add_argument("--temperatures", default="0,0.7", metavar="T[,T...]",
+                   help="one continuation per prompt and temperature; 0 is greedy (default 0,0.7)")
+    t.add_argument("--decode-batch", type=int, default=16, metavar="B",
+                   help="prompts whose greedy continuations are decoded together (default 16)")
     t.add_argument("--spec-bench", metavar="FILE", help="also use the prompts of this Spec-Bench-format file")
     t.add_argument("--exclude", metavar="CAT[,CAT...]",
                    help="held-out categories of --spec-bench (default: the evaluation categories)")
@@ -82,8 +86,14 @@ def _train(args) -> int:
         raise _UsageError("give --steps or --minutes (or both)")
     for name in ("steps", "minutes", "vocab", "prompts", "new_tokens"):
         _positive(f"--{name.replace('_', '-')}", getattr(args, name))
-    for name in ("heads", "batch", "window", "lr"):
-        _positive(f"--{name}", getattr(args, name), allow_none=False)
+    for name in ("heads", "batch", "window", "lr", "decode_batch"):
+        _positive(f"--{name.replace('_', '-')}", getattr(args, name), allow_none=False)
+    try:
+        temperatures = [float(t) for t in args.temperatures.split(",") if t.strip()]
+    except ValueError:
+        raise _UsageError(f"--temperatures must be numbers separated by commas, got {args.temperatures!r}") from None
+    if not temperatures or min(temperatures) < 0:
+        raise _UsageError(f"--temperatures must list values >= 0, got {args.temperatures!r}")
     config = HeadConfig(n_heads=args.heads, vocab=args.vocab, lr=args.lr, batch_size=args.batch, window=args.window,
                         seed=args.seed)
     target = tiny_pair(seed=0).target if args.tiny else load_model(args.target, args.dtype)
@@ -96,8 +106,9 @@ def _train(args) -> int:
     spec = json.dumps([target.name, prompts, new_tokens, args.seed, args.spec_bench, exclude, max_chars])
     store = cache_dir() / "heads" / "corpus" / f"{hashlib.sha256(spec.encode()).hexdigest()[:16]}.jsonl"
     corpus = build_corpus(target, prompts=prompts, max_new_tokens=new_tokens, seed=args.seed,
-                          spec_bench=args.spec_bench, exclude_categories=exclude, max_prompt_chars=max_chars,
-                          store=store, progress=not args.no_progress)
+                          temperatures=temperatures, spec_bench=args.spec_bench, exclude_categories=exclude,
+                          max_prompt_chars=max_chars, store=store, batch_size=args.decode_batch,
+                          progress=not args.no_progress)
     print(f"corpus: {len(corpus)} sequences, {corpus.tokens} tokens, sha256 {corpus.sha256[:16]}", file=sys.stderr)
     result = train_heads(args.kind, target, corpus, minutes=args.minutes, steps=args.steps, out_dir=args.out,
                          config=config, progress=not args.no_progress)

@@ -34,7 +34,7 @@ from typing import Sequence
 import torch
 
 from specviz.models.loading import LoadedModel
-from specviz.sampling import GREEDY, SamplingConfig
+from specviz.sampling import SamplingConfig
 from specviz.validate import check_int
 
 __all__ = [
@@ -218,7 +218,7 @@ def build_corpus(target: LoadedModel, *, prompts: int = 256, max_new_tokens: int
                  temperatures: Sequence[float] = (0.0, 0.7), spec_bench: str | os.PathLike | None = None,
                  exclude_categories: Sequence[str] | None = None, max_prompt_chars: int = 1500,
                  extra_prompts: Sequence[str] = (), chat: bool = True, store: str | os.PathLike | None = None,
-                 progress: bool = True) -> Corpus:
+                 batch_size: int = 16, progress: bool = True) -> Corpus:
     """Self-distilled training data: prompts continued by ``target``.
 
     The prompts are ``prompts`` standard library prompts (:func:`stdlib_prompts` with
@@ -226,7 +226,11 @@ def build_corpus(target: LoadedModel, *, prompts: int = 256, max_new_tokens: int
     categories removed), then ``extra_prompts``. Each is continued once per temperature
     of ``temperatures``: 0 is greedy decoding (the continuation a greedy run commits),
     anything else samples with seed ``seed + i`` for prompt ``i``. Prompts too long for
-    the target's context with ``max_new_tokens`` to spare are left out.
+    the target's context with ``max_new_tokens`` to spare are left out. Greedy
+    continuations are decoded ``batch_size`` prompts at a time
+    (:func:`~specviz.decode.engine.plain_generate_batch`: one forward per token for the
+    whole batch, several times the tokens per second of one-by-one decoding on a CPU);
+    sampled ones one by one.
 
     Args:
         target: the model that writes the continuations (the heads' target).
@@ -241,6 +245,8 @@ def build_corpus(target: LoadedModel, *, prompts: int = 256, max_new_tokens: int
         chat: wrap prompts in the target's chat template (as decoding does).
         store: a ``.jsonl`` file keeping finished continuations (a rerun with the same
             arguments resumes from it); None keeps nothing.
+        batch_size: greedy continuations decoded together (1: one by one, as
+            :func:`~specviz.decode.engine.plain_generate` decodes them).
         progress: show a progress bar on stderr.
 
     Raises:
@@ -248,11 +254,12 @@ def build_corpus(target: LoadedModel, *, prompts: int = 256, max_new_tokens: int
     """
     from tqdm import tqdm
 
-    from specviz.decode.engine import encode_prompt, plain_generate
+    from specviz.decode.engine import encode_prompt, plain_generate, plain_generate_batch
     from specviz.study.store import ResultStore
 
     check_int("prompts", prompts, 0)
     check_int("max_new_tokens", max_new_tokens)
+    check_int("batch_size", batch_size)
     temps = [float(t) for t in temperatures]
     if not temps or min(temps) < 0:
         raise ValueError(f"temperatures must be a non-empty list of values >= 0, got {list(temperatures)}")
@@ -268,18 +275,26 @@ def build_corpus(target: LoadedModel, *, prompts: int = 256, max_new_tokens: int
         raise ValueError(f"no prompt fits {target.name}'s context of {target.max_context} tokens with "
                          f"{max_new_tokens} new tokens; lower max_prompt_chars or max_new_tokens")
     results = ResultStore(store)
-    sequences, lengths = [], []
     units = [(i, ids, t) for i, ids in enumerate(fits) for t in temps]
+    keys = [hashlib.sha256(repr((ids, t, seed + i, max_new_tokens)).encode()).hexdigest()[:24] for i, ids, t in units]
     with tqdm(total=len(units), desc=f"continuations by {target.name}", unit="seq", file=sys.stderr,
               disable=not progress, mininterval=1.0) as bar:
-        for i, ids, temp in units:
-            key = hashlib.sha256(repr((ids, temp, seed + i, max_new_tokens)).encode()).hexdigest()[:24]
+        bar.update(sum(key in results for key in keys))
+        greedy = [u for u, key in enumerate(keys) if key not in results and units[u][2] == 0.0]
+        for start in range(0, len(greedy), batch_size):  # each batch is stored as soon as it is decoded
+            chunk = greedy[start:start + batch_size]
+            outs = plain_generate_batch(target, [units[u][1] for u in chunk], max_new_tokens=max_new_tokens,
+                                        batch_size=len(chunk), chat=chat)
+            for u, out in zip(chunk, outs):
+                results.add(keys[u], {"output_ids": list(out.output_ids)})
+            bar.update(len(chunk))
+        for u, key in enumerate(keys):
+            i, ids, temp = units[u]
             if key not in results:
-                config = GREEDY if temp == 0.0 else SamplingConfig(temperature=temp)
-                out = plain_generate(target, ids, max_new_tokens=max_new_tokens, config=config, seed=seed + i)
+                out = plain_generate(target, ids, max_new_tokens=max_new_tokens,
+                                     config=SamplingConfig(temperature=temp), seed=seed + i)
                 results.add(key, {"output_ids": list(out.output_ids)})
-            cont = results.rows_of(key)[0]["output_ids"]
-            sequences.append(list(ids) + list(cont))
-            lengths.append(len(ids))
-            bar.update(1)
+                bar.update(1)
+    sequences = [list(units[u][1]) + list(results.rows_of(key)[0]["output_ids"]) for u, key in enumerate(keys)]
+    lengths = [len(units[u][1]) for u in range(len(units))]
     return Corpus.from_sequences(sequences, lengths)

@@ -133,7 +133,7 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
     Preset("quick", "the default study: about 25 minutes on a 2-core CPU (16 for 01-08)", _QUICK_RUNS,
            report="08_report"),
     Preset("standard", "the acceptance study (03) on every prompt x 128 tokens, the rest as in quick: "
-           "about an hour on a 2-core CPU", tuple(
+           "about 50 minutes on a 2-core CPU", tuple(
                NotebookRun(_ACCEPTANCE, _STANDARD_ACCEPTANCE) if r.notebook == _ACCEPTANCE else r
                for r in _QUICK_RUNS), report="08_report"),
     Preset("full", "every prompt and budget, longer generations, more repeats and trials", (
