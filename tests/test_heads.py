@@ -2,11 +2,16 @@
 checkpoints and resume, the result cache and its load errors, the reduced vocabulary,
 greedy identity of the Medusa and EAGLE drafters with the target, and the command line."""
 
+import dataclasses
+import itertools
 import json
+import math
 
+import pandas as pd
 import pytest
 import torch
 
+import specviz.heads.drafters as drafters_module
 import specviz.heads.training as training
 from specviz.decode.engine import (
     encode_prompt,
@@ -25,12 +30,14 @@ from specviz.heads import (
     MedusaHeads,
     build_corpus,
     config_hash,
+    draft_vocab,
     extract_features,
     find_heads,
     head_accuracy,
     heads_dir,
     load_features,
     load_heads,
+    medusa_tree,
     out_of_vocab_share,
     reduced_vocab,
     stdlib_prompts,
@@ -43,7 +50,7 @@ from specviz.models.loading import tiny_model
 from specviz.sampling import GREEDY, SamplingConfig
 from specviz.study.prompts import DEFAULT_PROMPTS_PATH
 from specviz.tree.core import pad_trees
-from specviz.tree.shapes import chain, kary
+from specviz.tree.shapes import chain, from_paths, kary
 
 PROMPTS = ("def fizzbuzz(n):", "What is 17 * 23? Think step by step.",
            "Translate to French: the cat sleeps on the warm window sill.")
@@ -131,6 +138,9 @@ def test_features_are_cached_in_shards_and_resume(tiny_pair, corpus, tmp_path):
     assert (out / "shard-00001.pt").exists() and (out / "shard-00000.pt").stat().st_mtime_ns == before
     with pytest.raises(ValueError, match="holds data_sha256"):
         extract_features(tiny_pair.target, corpus.sequences, tmp_path, sha256="0" * 64, shard_size=2, progress=False)
+    other_mode = dataclasses.replace(tiny_pair.target, weight_mode="bf16")  # features of another weight mode
+    with pytest.raises(ValueError, match="holds weight_mode 'fp32', not 'bf16'"):
+        extract_features(other_mode, corpus.sequences, tmp_path, sha256=corpus.sha256, shard_size=2, progress=False)
 
 
 # -- data -----------------------------------------------------------------------------------------
@@ -236,8 +246,9 @@ def test_cache_keys(corpus):
               heads_dir("tiny-qwen2-seed0", "eagle", cfg, corpus.sha256),
               heads_dir("tiny-qwen2-seed0", "medusa", HeadConfig(lr=1e-4), corpus.sha256),
               heads_dir("tiny-qwen2-seed0", "medusa", HeadConfig(vocab=100), corpus.sha256),
-              heads_dir("tiny-qwen2-seed0", "medusa", cfg, "f" * 64)]
-    assert len({base, *others}) == 6
+              heads_dir("tiny-qwen2-seed0", "medusa", cfg, "f" * 64),
+              heads_dir("tiny-qwen2-seed0", "medusa", cfg, corpus.sha256, weight_mode="bf16")]
+    assert len({base, *others}) == 7
     assert config_hash("eagle", HeadConfig(n_heads=2)) == config_hash("eagle", HeadConfig(n_heads=5))
     assert config_hash("medusa", HeadConfig(n_heads=2)) != config_hash("medusa", HeadConfig(n_heads=5))
 
@@ -270,6 +281,19 @@ def test_reduced_vocabulary(tiny_pair, corpus, tmp_path):
     share = out_of_vocab_share(ids, corpus.sequences)
     assert share == pytest.approx(sum(t not in set(ids.tolist()) for t in tokens) / len(tokens))
     assert out_of_vocab_share(None, corpus.sequences) == 0.0
+    # a vocabulary larger than the data's distinct tokens: only those, or filled with the first ids
+    seen = sorted({t for s in corpus.sequences for t in s} | {5})
+    vocab = tiny_pair.target.vocab_size
+    assert reduced_vocab(corpus.sequences, len(seen) + 20, always=[5]).tolist() == seen
+    low = [t for t in range(vocab) if t not in seen][:20]
+    assert reduced_vocab(corpus.sequences, len(seen) + 20, always=[5], fill_to=vocab).tolist() == sorted(seen + low)
+    assert reduced_vocab(corpus.sequences, 10 * vocab, fill_to=vocab).tolist() == list(range(vocab))
+    assert draft_vocab(tiny_pair.target, corpus, HeadConfig(vocab=len(seen) + 20)).numel() == len(seen) + 20
+    assert draft_vocab(tiny_pair.target, corpus, HeadConfig(vocab=len(seen) + 20, vocab_fill=False)).numel() \
+        <= len(seen)
+    assert draft_vocab(tiny_pair.target, corpus, HeadConfig()) is None
+    with pytest.raises(ValueError, match="vocab_fill must be True or False"):
+        HeadConfig(vocab_fill="yes")
     heads = MedusaHeads(tiny_pair.target, 2, vocab_map=ids)
     hidden = torch.randn(3, 64)
     full = heads.full_logits(heads.states(hidden))  # (3, 2, V)
@@ -312,6 +336,52 @@ def test_head_accuracy(trained, tiny_pair, corpus):
     one = head_accuracy(heads, feats[0], seq, k=1, start=start)
     assert one["positions"][1] == len(hits) == len(seq) - start
     assert one["top1"][1] == pytest.approx(sum(hits) / len(hits))
+
+    ranked = head_accuracy(heads, feats, seqs, k=5, start=list(corpus.prompt_lengths[:2]), by_rank=True)
+    assert list(ranked.columns[5:]) == [f"rank_{r}" for r in range(1, 6)]
+    assert ranked["rank_1"].tolist() == table["top1"].tolist()
+    assert ranked.filter(like="rank_").sum(axis=1).tolist() == pytest.approx(table["top5"].tolist())
+
+
+def test_medusa_tree_takes_the_best_paths():
+    acc = [[0.6, 0.2, 0.1], [0.5, 0.3, 0.0], [0.9, 0.0, 0.0]]
+    # path products: (0) .6, (1) .2, (2) .1, (0,0) .3, (0,1) .18, (0,0,0) .27, (1,0) .1, (0,1,0) .162, ...
+    shape = medusa_tree(acc, 5)
+    assert set(_paths(shape)) == {(0,), (1,), (0, 0), (0, 1), (0, 0, 0)}
+    assert medusa_tree(acc, 1) == chain(1) and shape.depth == 3
+    assert expected_tokens_of(shape, acc) == pytest.approx(0.6 + 0.2 + 0.3 + 0.18 + 0.27)
+    for budget in range(1, 6):  # best first is optimal: no other parent-closed set of that size does better
+        best = max(expected_tokens_of(s, acc) for s in _closed_shapes(acc, budget))
+        assert expected_tokens_of(medusa_tree(acc, budget), acc) == pytest.approx(best)
+    assert medusa_tree([[1.0, 0.0]], 4) == chain(1)  # only paths with a chance are taken
+    table = pd.DataFrame({"head": [1, 2], "rank_2": [0.2, 0.3], "rank_1": [0.6, 0.5]})
+    assert medusa_tree(table, 3) == medusa_tree([[0.6, 0.2], [0.5, 0.3]], 3)
+    for bad, match in (([[1.5]], "probability"), ([[float("nan")]], "probability"), ([], "at least one"),
+                       (pd.DataFrame({"top1": [0.5]}), "by_rank=True")):
+        with pytest.raises(ValueError, match=match):
+            medusa_tree(bad, 2)
+    with pytest.raises(ValueError, match="budget"):
+        medusa_tree(acc, 0)
+
+
+def _paths(shape):
+    paths = {0: ()}
+    for i in range(1, shape.n_nodes):
+        paths[i] = paths[shape.parents[i]] + (shape.ranks[i],)
+    return [paths[i] for i in range(1, shape.n_nodes)]
+
+
+def expected_tokens_of(shape, acc):
+    return sum(math.prod(acc[d][r] for d, r in enumerate(p)) for p in _paths(shape))
+
+
+def _closed_shapes(acc, budget):
+    """Every parent-closed set of ``budget`` rank paths of the table (brute force)."""
+    nodes = [p for n in range(1, len(acc) + 1) for p in itertools.product(range(len(acc[0])), repeat=n)]
+    for combo in itertools.combinations(nodes, budget):
+        chosen = set(combo)
+        if all(len(p) == 1 or p[:-1] in chosen for p in chosen):
+            yield from_paths(chosen)
 
 
 # -- drafters -------------------------------------------------------------------------------------
@@ -356,7 +426,7 @@ def test_batched_identity_and_engine_features(tiny_pair, trained):
     torch.testing.assert_close(track.features, target_features(tiny_pair.target, track.tokens), atol=1e-4, rtol=1e-4)
 
 
-def test_drafts_without_the_engine_equal_drafts_in_it(tiny_pair, trained):
+def test_drafts_without_the_engine_equal_drafts_in_it(tiny_pair, trained, monkeypatch):
     drafters = _drafters(tiny_pair, trained)
     for drafter in (drafters["medusa"], drafters["eagle"]):
         live = speculative_generate(tiny_pair.target, drafter, PROMPTS[2], max_new_tokens=16, stop_at_eos=False,
@@ -364,6 +434,22 @@ def test_drafts_without_the_engine_equal_drafts_in_it(tiny_pair, trained):
         ref = plain_generate(tiny_pair.target, PROMPTS[2], max_new_tokens=16, stop_at_eos=False, chat=False)
         replayed = replay_acceptance(tiny_pair.target, drafter, ref, stop_at_eos=False)  # drafter's own features
         assert [s.tree.tokens.tolist() for s in replayed.steps] == [s.tree.tokens.tolist() for s in live.steps]
+        # the same replay from features computed once for the whole recorded sequence, no target forward
+        sequence = list(ref.prompt_ids) + list(ref.output_ids)
+        drafter.provide_features(sequence, target_features(tiny_pair.target, sequence))
+        monkeypatch.setattr(drafters_module, "target_features", _no_target_forward)
+        fast = replay_acceptance(tiny_pair.target, drafter, ref, stop_at_eos=False)
+        assert [s.tree.tokens.tolist() for s in fast.steps] == [s.tree.tokens.tolist() for s in live.steps]
+        monkeypatch.undo()
+        drafter.provide_features([], torch.zeros(0, 64))  # forgotten: a live run computes its own again
+        other = plain_generate(tiny_pair.target, PROMPTS[1], max_new_tokens=8, stop_at_eos=False, chat=False)
+        assert replay_acceptance(tiny_pair.target, drafter, other, stop_at_eos=False).n_new_tokens == 8
+    with pytest.raises(ValueError, match=r"features must be \(3, 64\) for 3 token ids, got \(2, 64\)"):
+        drafters["medusa"].provide_features([1, 2, 3], torch.zeros(2, 64))
+
+
+def _no_target_forward(*args, **kwargs):
+    raise AssertionError("the drafter ran the target although its features were provided")
 
 
 def test_drafter_checks(tiny_pair, trained):

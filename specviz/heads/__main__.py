@@ -2,7 +2,7 @@
 
 ::
 
-    python -m specviz.heads train --kind medusa --target qwen2.5-coder-1.5b-instruct --minutes 60
+    python -m specviz.heads train --kind medusa --target qwen2.5-coder-1.5b-instruct --minutes 10
     python -m specviz.heads train --kind eagle --tiny --steps 200        # the tiny random target
     python -m specviz.heads info ~/.cache/specviz/heads/<target>/<kind>-c...-d...
 
@@ -47,11 +47,12 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--out", metavar="DIR", help="result directory (default: the specviz cache)")
     t.add_argument("--vocab", type=int, metavar="N", help="draft only the N most frequent tokens of the data")
     t.add_argument("--heads", type=int, default=4, metavar="K", help="Medusa heads (default 4)")
-    t.add_argument("--prompts", type=int, metavar="N", help="standard library prompts (default 256; 8 with --tiny)")
+    t.add_argument("--prompts", type=int, metavar="N", help="standard library prompts (default 128; 8 with --tiny)")
     t.add_argument("--new-tokens", type=int, metavar="N",
-                   help="continuation tokens per prompt (default 256; 32 with --tiny)")
-    t.add_argument("--temperatures", default="0,0.7", metavar="T[,T...]",
-                   help="one continuation per prompt and temperature; 0 is greedy (default 0,0.7)")
+                   help="continuation tokens per prompt (default 192; 32 with --tiny)")
+    t.add_argument("--temperatures", default="0", metavar="T[,T...]",
+                   help="one continuation per prompt and temperature; 0 is greedy, decoded in batches; others are "
+                        "sampled one prompt at a time (default 0)")
     t.add_argument("--decode-batch", type=int, default=16, metavar="B",
                    help="prompts whose greedy continuations are decoded together (default 16)")
     t.add_argument("--spec-bench", metavar="FILE", help="also use the prompts of this Spec-Bench-format file")
@@ -99,11 +100,11 @@ def _train(args) -> int:
     target = tiny_pair(seed=0).target if args.tiny else load_model(args.target, args.dtype)
     if args.vocab is not None and args.vocab > target.vocab_size:
         raise _UsageError(f"--vocab {args.vocab} is larger than {target.name}'s vocabulary ({target.vocab_size})")
-    prompts = args.prompts if args.prompts is not None else (8 if args.tiny else 256)
-    new_tokens = args.new_tokens if args.new_tokens is not None else (32 if args.tiny else 256)
+    prompts = args.prompts if args.prompts is not None else (8 if args.tiny else 128)
+    new_tokens = args.new_tokens if args.new_tokens is not None else (32 if args.tiny else 192)
     exclude = [c.strip() for c in args.exclude.split(",") if c.strip()] if args.exclude else None
     max_chars = 300 if args.tiny else 1500
-    spec = json.dumps([target.name, prompts, new_tokens, args.seed, args.spec_bench, exclude, max_chars])
+    spec = json.dumps([target.name, target.weight_mode, prompts, new_tokens, args.seed, args.spec_bench, exclude, max_chars])
     store = cache_dir() / "heads" / "corpus" / f"{hashlib.sha256(spec.encode()).hexdigest()[:16]}.jsonl"
     corpus = build_corpus(target, prompts=prompts, max_new_tokens=new_tokens, seed=args.seed,
                           temperatures=temperatures, spec_bench=args.spec_bench, exclude_categories=exclude,

@@ -32,6 +32,8 @@ heads, n = nodes fed in one head forward.
 
 from __future__ import annotations
 
+import heapq
+import math
 from typing import Sequence
 
 import torch
@@ -47,19 +49,73 @@ from specviz.tree.core import DraftTree
 from specviz.tree.shapes import TreeShape, expansion, from_paths
 from specviz.validate import check_int
 
-__all__ = ["MedusaDrafter", "EagleDrafter", "MEDUSA_BRANCHING"]
+__all__ = ["MedusaDrafter", "EagleDrafter", "MEDUSA_BRANCHING", "medusa_tree", "head_drafter"]
 
 #: the default Medusa tree: 3 candidates of head 1, 2 of head 2 under each, then 1 and 1
 MEDUSA_BRANCHING: tuple[int, ...] = (3, 2, 1, 1)
 
 
+def medusa_tree(rank_accuracy, budget: int) -> TreeShape:
+    """The Medusa tree of ``budget`` draft nodes with the most expected accepted tokens,
+    from measured per-head, per-rank accuracies (Medusa's way of choosing its "choices").
+
+    A node at depth ``d`` that takes head ``d``'s rank-``r`` candidate is accepted when
+    its parent is and that candidate is the target's token. Taking the heads as
+    independent, as Medusa does, its acceptance probability is the product of the
+    accuracies along its path, and a tree's expected accepted tokens per step is the sum
+    of those products over its nodes. A child's product never exceeds its parent's, so
+    adding the best node of the frontier ``budget`` times gives the best tree of that
+    size (ties go to the node found first: shallower, lower ranks).
+
+    Args:
+        rank_accuracy: ``(K, R)`` numbers, entry ``[d - 1][r - 1]`` the probability that
+            head ``d``'s rank-``r`` candidate is right; or the DataFrame of
+            :func:`~specviz.heads.head_accuracy` with ``by_rank=True``.
+        budget: draft nodes (the root not counted).
+
+    Returns:
+        The :class:`~specviz.tree.shapes.TreeShape` (depth at most ``K``; fewer than
+        ``budget`` nodes only when every path with a non-zero product is taken).
+
+    Raises:
+        ValueError: a bad budget, an empty table, or a value outside ``[0, 1]`` or NaN.
+    """
+    check_int("budget", budget)
+    if hasattr(rank_accuracy, "filter"):  # the head_accuracy table
+        cols = sorted(rank_accuracy.filter(regex=r"^rank_\d+$").columns, key=lambda c: int(c.split("_")[1]))
+        if not cols:
+            raise ValueError("rank_accuracy has no rank_<r> columns; compute it with head_accuracy(..., by_rank=True)")
+        rank_accuracy = rank_accuracy[cols].to_numpy()
+    table = [[float(v) for v in row] for row in rank_accuracy]
+    if not table or not table[0]:
+        raise ValueError("rank_accuracy must have at least one head and one rank")
+    for d, row in enumerate(table):
+        for r, v in enumerate(row):
+            if math.isnan(v) or not 0.0 <= v <= 1.0:
+                raise ValueError(f"rank_accuracy[{d}][{r}] must be a probability in [0, 1], got {v}")
+    frontier = [(-table[0][r], 0, (r,)) for r in range(len(table[0])) if table[0][r] > 0]
+    heapq.heapify(frontier)
+    order = len(frontier)
+    paths = []
+    while frontier and len(paths) < budget:
+        neg, _, path = heapq.heappop(frontier)
+        paths.append(path)
+        if len(path) < len(table):
+            for r, v in enumerate(table[len(path)]):
+                if v > 0:
+                    heapq.heappush(frontier, (neg * v, order, path + (r,)))
+                    order += 1
+    return from_paths(paths) if paths else TreeShape((-1,), (0,))
+
+
 class _TargetFeatures:
     """The target's last hidden states at one sequence's committed tokens but the last."""
 
-    def __init__(self) -> None:
+    def __init__(self, known: tuple[list[int], torch.Tensor] | None = None) -> None:
         self.tokens: list[int] = []
         self.features: torch.Tensor | None = None  # (len(tokens), H)
         self._prefill: torch.Tensor | None = None
+        self._known = known  # features of a longer sequence, sliced where the context is its prefix
 
     def observe(self, step, hidden: torch.Tensor) -> None:
         """Take the engine's hidden states (see :meth:`Drafter.observe_hidden`)."""
@@ -82,7 +138,11 @@ class _TargetFeatures:
                 self.tokens, self.features = list(want), self._prefill
             self._prefill = None
         if self.features is None or self.tokens != want:
-            self.tokens, self.features = list(want), target_features(target, want)
+            known_tokens, known = self._known if self._known is not None else ([], None)
+            if known is not None and len(want) <= len(known_tokens) and known_tokens[:len(want)] == want:
+                self.tokens, self.features = list(want), known[:len(want)]
+            else:
+                self.tokens, self.features = list(want), target_features(target, want)
         return self.features
 
 
@@ -104,10 +164,30 @@ class _HeadDrafter(Drafter):
                              f"{target.vocab_size}")
         self.target = target
         self.heads = heads
+        self._known: tuple[list[int], torch.Tensor] | None = None
         self.reset()
 
     def reset(self) -> None:
-        self.features = _TargetFeatures()
+        self.features = _TargetFeatures(self._known)
+
+    def provide_features(self, token_ids: Sequence[int], features: torch.Tensor) -> None:
+        """Give the target's features of a sequence this drafter will draft along, e.g. a
+        replay's prompt plus its recorded continuation (:func:`~specviz.heads.target_features`
+        of it, which :func:`~specviz.heads.head_accuracy` needs too): wherever the context
+        is a prefix of ``token_ids``, drafting slices them instead of running the target
+        over the context, which makes replays of head drafters cost little more than the
+        heads. Kept across :meth:`reset`; ``provide_features([], empty)`` forgets them.
+
+        Raises:
+            ValueError: ``features`` is not ``(len(token_ids), hidden size)``.
+        """
+        ids = [int(t) for t in token_ids]
+        hidden = int(self.target.model.config.hidden_size)
+        if not isinstance(features, torch.Tensor) or tuple(features.shape) != (len(ids), hidden):
+            shape = tuple(features.shape) if isinstance(features, torch.Tensor) else type(features).__name__
+            raise ValueError(f"features must be ({len(ids)}, {hidden}) for {len(ids)} token ids, got {shape}")
+        self._known = (ids, features.detach().float().cpu()) if ids else None
+        self.reset()
 
     def observe_hidden(self, step, hidden: torch.Tensor) -> None:
         self.features.observe(step, hidden)
@@ -295,3 +375,24 @@ class EagleDrafter(_HeadDrafter):
                 frontier = grow.send(self.heads.full_logits(out).cpu())  # (n, V)
         except StopIteration as done:
             return done.value
+
+
+def head_drafter(pair, path, *, shape: TreeShape | Sequence[Sequence[int]] | None = None, topk: int = 4,
+                 depth: int = 5, budget: int = 16) -> MedusaDrafter | EagleDrafter:
+    """The drafter of the trained heads at ``path`` for ``pair``'s target: a
+    :class:`MedusaDrafter` with ``shape`` for Medusa heads, an :class:`EagleDrafter`
+    with ``topk``, ``depth`` and ``budget`` for an EAGLE head (``topk=1``: a chain).
+
+    A module-level factory, so that ``functools.partial(head_drafter, path=...)`` can
+    travel to a study worker and build the drafter next to the loaded models (the
+    registry's ``medusa`` and ``eagle`` strategies take the newest cached heads instead).
+
+    Raises:
+        FileNotFoundError, ValueError: as :func:`~specviz.heads.load_heads`.
+    """
+    from specviz.heads.training import load_heads
+
+    heads = load_heads(path, pair.target)
+    if isinstance(heads, MedusaHeads):
+        return MedusaDrafter(pair.target, heads, shape)
+    return EagleDrafter(pair.target, heads, topk=topk, depth=depth, budget=budget)

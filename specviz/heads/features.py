@@ -64,12 +64,13 @@ def target_features(target: LoadedModel, token_ids: Sequence[int] | torch.Tensor
 
 
 def _meta(target: LoadedModel, sha256: str, count: int, shard_size: int, dtype: str) -> dict:
-    return {"target": target.name, "hidden_size": int(target.model.config.hidden_size), "data_sha256": sha256,
-            "sequences": count, "shard_size": shard_size, "dtype": dtype}
+    return {"target": target.name, "weight_mode": target.weight_mode,
+            "hidden_size": int(target.model.config.hidden_size), "data_sha256": sha256, "sequences": count,
+            "shard_size": shard_size, "dtype": dtype}
 
 
 def _check_meta(path: Path, found: dict, wanted: dict) -> None:
-    for key in ("target", "hidden_size", "data_sha256", "sequences", "shard_size", "dtype"):
+    for key in ("target", "weight_mode", "hidden_size", "data_sha256", "sequences", "shard_size", "dtype"):
         if found.get(key) != wanted[key]:
             raise ValueError(f"feature directory {path} holds {key} {found.get(key)!r}, not {wanted[key]!r}; "
                              "give another directory (or delete this one)")

@@ -254,23 +254,42 @@ class EagleHead(_ScoredVocab):
         return self.step(features, tokens, positions, None, allowed)
 
 
-def reduced_vocab(sequences: Iterable[Sequence[int]], size: int, always: Iterable[int] = ()) -> torch.Tensor:
+def reduced_vocab(sequences: Iterable[Sequence[int]], size: int, always: Iterable[int] = (),
+                  fill_to: int | None = None) -> torch.Tensor:
     """The ``size`` most frequent token ids of ``sequences`` (ties: the smaller id first),
     plus every id of ``always`` (e.g. end-of-sequence ids), as a sorted ``(N,)`` long
-    tensor to pass as ``vocab_map``. Fewer than ``size`` when the data has fewer
-    distinct tokens."""
+    tensor to pass as ``vocab_map``.
+
+    A small training set holds far fewer distinct tokens than ``size`` (a few thousand in
+    a few tens of thousands of tokens), and text of other kinds than the training data
+    uses many of the rest. With ``fill_to`` (the target's vocabulary size) the remaining
+    slots take the smallest ids below it that are not chosen yet: a BPE tokenizer numbers
+    its merges in the order it learned them, roughly by frequency in its own training
+    text, so its first ids are a data-independent guess at the common tokens. Without
+    it the result has fewer than ``size`` ids when the data has fewer distinct tokens.
+    """
     check_int("size", size)
+    if fill_to is not None:
+        check_int("fill_to", fill_to)
     counts = Counter()
     for seq in sequences:
         counts.update(int(t) for t in seq)
     extra = sorted({int(t) for t in always})
     ranked = sorted(counts, key=lambda t: (-counts[t], t))
     chosen = list(extra)
+    taken = set(extra)
     for t in ranked:
         if len(chosen) >= size:
             break
-        if t not in extra:
+        if t not in taken:
             chosen.append(t)
+            taken.add(t)
+    t = 0
+    while fill_to is not None and len(chosen) < size and t < fill_to:
+        if t not in taken:
+            chosen.append(t)
+            taken.add(t)
+        t += 1
     return torch.tensor(sorted(chosen), dtype=torch.long)
 
 

@@ -64,6 +64,7 @@ __all__ = [
     "heads_dir",
     "features_dir",
     "train_heads",
+    "draft_vocab",
     "load_heads",
     "find_heads",
     "load_cached_heads",
@@ -97,6 +98,8 @@ class HeadConfig:
         seed: initial weights and batch sampling.
         feature_dtype: storage dtype of the cached features (a key of
             :data:`~specviz.heads.features.FEATURE_DTYPES`).
+        vocab_fill: fill a reduced vocabulary beyond the data's distinct tokens with the
+            tokenizer's first ids (``reduced_vocab(..., fill_to=...)``).
         checkpoint_minutes: minutes between checkpoints (not part of the result's key).
     """
 
@@ -113,6 +116,7 @@ class HeadConfig:
     grad_clip: float = 0.5
     seed: int = 0
     feature_dtype: str = "float16"
+    vocab_fill: bool = True
     checkpoint_minutes: float = field(default=5.0, compare=False)
 
     def __post_init__(self) -> None:
@@ -132,6 +136,8 @@ class HeadConfig:
         if self.checkpoint_minutes <= 0:
             raise ValueError(f"checkpoint_minutes must be > 0, got {self.checkpoint_minutes!r}")
         check_choice("feature_dtype", self.feature_dtype, tuple(FEATURE_DTYPES))
+        if not isinstance(self.vocab_fill, bool):
+            raise ValueError(f"vocab_fill must be True or False, got {self.vocab_fill!r}")
 
     def key_fields(self, kind: str) -> dict:
         """The settings that change a ``kind`` result (those its cache key hashes)."""
@@ -181,21 +187,26 @@ def _root(cache: str | os.PathLike | None) -> Path:
 
 
 def heads_dir(target_name: str, kind: str, config: HeadConfig, data_sha256: str,
-              cache: str | os.PathLike | None = None) -> Path:
-    """The default result directory: ``<cache>/heads/<target>/<kind>-c<config>-d<data>``."""
-    return _root(cache) / _slug(target_name) / f"{kind}-c{config_hash(kind, config)}-d{data_sha256[:12]}"
+              cache: str | os.PathLike | None = None, weight_mode: str = "fp32") -> Path:
+    """The default result directory: ``<cache>/heads/<target>/<kind>-c<config>-d<data>``,
+    with ``-<mode>`` after the kind when the features come from a target in another weight
+    mode than fp32."""
+    mode = "" if weight_mode == "fp32" else f"-{_slug(weight_mode)}"
+    return _root(cache) / _slug(target_name) / f"{kind}{mode}-c{config_hash(kind, config)}-d{data_sha256[:12]}"
 
 
-def features_dir(target_name: str, data_sha256: str, cache: str | os.PathLike | None = None) -> Path:
-    """The default feature directory of a target and data set (shared by both kinds)."""
-    return _root(cache) / _slug(target_name) / f"features-{data_sha256[:16]}"
+def features_dir(target_name: str, data_sha256: str, cache: str | os.PathLike | None = None,
+                 weight_mode: str = "fp32") -> Path:
+    """The default feature directory of a target in a weight mode and a data set (shared by
+    both kinds): ``<cache>/heads/<target>/features-<mode>-<data>``."""
+    return _root(cache) / _slug(target_name) / f"features-{_slug(weight_mode)}-{data_sha256[:16]}"
 
 
 def train_command(kind: str, target_name: str) -> str:
     """The command line that trains ``kind`` heads for ``target_name``."""
     if target_name.startswith("tiny-qwen2-seed0"):
         return f"python -m specviz.heads train --kind {kind} --tiny --steps 200"
-    return f"python -m specviz.heads train --kind {kind} --target {target_name} --minutes 60"
+    return f"python -m specviz.heads train --kind {kind} --target {target_name} --minutes 10"
 
 
 # -- the modules -----------------------------------------------------------------------------
@@ -206,6 +217,18 @@ def _build(kind: str, target: LoadedModel, n_heads: int, vocab_map: torch.Tensor
         if kind == "medusa":
             return MedusaHeads(target, n_heads, vocab_map)
         return EagleHead(target, vocab_map)
+
+
+def draft_vocab(target: LoadedModel, data: Corpus, config: HeadConfig) -> torch.Tensor | None:
+    """The token ids heads trained with ``config`` on ``data`` score (None: the full
+    vocabulary): :func:`~specviz.heads.reduced_vocab` of the data with the target's
+    end-of-sequence ids, filled with the tokenizer's first ids when ``config.vocab_fill``."""
+    if not config.vocab:
+        return None
+    from specviz.decode.engine import eos_token_ids
+
+    return reduced_vocab(data.sequences, config.vocab, always=eos_token_ids(target),
+                         fill_to=target.vocab_size if config.vocab_fill else None)
 
 
 def _target_meta(target: LoadedModel) -> dict:
@@ -336,8 +359,8 @@ def _recent(history: list[tuple[int, float, float]], last: int = 20) -> tuple[fl
 
 
 def _check_same_run(path: Path, found: dict, wanted: dict) -> None:
-    for key in ("kind", "target", "hidden_size", "config_hash", "data_sha256"):
-        if found.get(key) != wanted[key]:
+    for key in ("kind", "target", "hidden_size", "config_hash", "data_sha256", "features_weight_mode"):
+        if found.get(key, "fp32" if key == "features_weight_mode" else None) != wanted[key]:
             raise ValueError(f"{path} holds a training run with {key} {found.get(key)!r}, not {wanted[key]!r}; "
                              "give another out_dir")
 
@@ -388,16 +411,15 @@ def train_heads(kind: str, target: LoadedModel, data: Corpus, *, minutes: float 
     top = max(max(s) for s in data.sequences)
     if top >= target.vocab_size:
         raise ValueError(f"data holds token id {top}, outside {target.name}'s vocabulary ({target.vocab_size})")
-    out = Path(out_dir) if out_dir is not None else heads_dir(target.name, kind, cfg, data.sha256)
+    out = Path(out_dir) if out_dir is not None else heads_dir(target.name, kind, cfg, data.sha256,
+                                                                    weight_mode=target.weight_mode)
     meta = {"format": _FORMAT, "kind": kind, **_target_meta(target), "n_heads": cfg.n_heads if kind == "medusa"
             else None, "config": asdict(cfg), "config_hash": config_hash(kind, cfg), "data_sha256": data.sha256,
-            "data_tokens": data.tokens, "data_sequences": len(data)}
+            "data_tokens": data.tokens, "data_sequences": len(data), "features_weight_mode": target.weight_mode}
     if (out / "meta.json").exists():
         _check_same_run(out, json.loads((out / "meta.json").read_text()), meta)
 
-    from specviz.decode.engine import eos_token_ids
-
-    vocab_map = reduced_vocab(data.sequences, cfg.vocab, always=eos_token_ids(target)) if cfg.vocab else None
+    vocab_map = draft_vocab(target, data, cfg)
     module = _build(kind, target, cfg.n_heads, vocab_map, cfg.seed)
     params = [p for p in module.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -420,7 +442,8 @@ def train_heads(kind: str, target: LoadedModel, data: Corpus, *, minutes: float 
         loss, acc = _recent(history)
         return TrainResult(out, module, step, loss, acc, True, history)
 
-    feat_dir = Path(features) if features is not None else features_dir(target.name, data.sha256)
+    feat_dir = Path(features) if features is not None else features_dir(target.name, data.sha256,
+                                                                             weight_mode=target.weight_mode)
     extract_features(target, data.sequences, feat_dir, sha256=data.sha256, dtype=cfg.feature_dtype,
                      progress=progress)
     feats = load_features(feat_dir, sha256=data.sha256)
@@ -568,11 +591,13 @@ def load_cached_heads(target: LoadedModel, kind: str) -> torch.nn.Module:
 @torch.no_grad()
 def head_accuracy(heads: MedusaHeads, features: torch.Tensor | Sequence[torch.Tensor],
                   tokens: Sequence[int] | torch.Tensor | Sequence[Sequence[int]], k: int = 5,
-                  start: int | Sequence[int] = 0):
+                  start: int | Sequence[int] = 0, by_rank: bool = False):
     """Top-1 and top-``k`` accuracy of every Medusa head, teacher-forced.
 
     Head ``j`` at position ``t`` is right when the target's token at ``t + 1 + j`` is its
-    top-1 (top-``k``) candidate.
+    top-1 (top-``k``) candidate. With ``by_rank`` the table also says how often the right
+    token is exactly the candidate of each rank: the acceptance probability of a
+    Medusa tree node of that rank (:func:`~specviz.heads.medusa_tree` builds trees from it).
 
     Args:
         heads: the :class:`~specviz.heads.MedusaHeads`.
@@ -581,10 +606,12 @@ def head_accuracy(heads: MedusaHeads, features: torch.Tensor | Sequence[torch.Te
         k: the wider cut.
         start: score only labels at positions ``>= start`` (e.g. the prompt length; one
             value per sequence, or one for all).
+        by_rank: add columns ``rank_1`` ... ``rank_<k>``.
 
     Returns:
         A pandas DataFrame, one row per head: ``head``, ``offset`` (tokens ahead of the
-        position), ``top1``, ``top<k>``, ``positions`` (labels scored).
+        position), ``top1``, ``top<k>``, ``positions`` (labels scored) and, with
+        ``by_rank``, the share of labels found at each rank.
     """
     import pandas as pd
 
@@ -597,8 +624,8 @@ def head_accuracy(heads: MedusaHeads, features: torch.Tensor | Sequence[torch.Te
     if len(feats) != len(toks):
         raise ValueError(f"got {len(feats)} feature tensors for {len(toks)} token sequences")
     starts = [start] * len(feats) if isinstance(start, int) else list(start)
-    hits1 = [0] * heads.n_heads
-    hitsk = [0] * heads.n_heads
+    width = min(k, heads.scored_vocab)
+    at_rank = torch.zeros(heads.n_heads, width, dtype=torch.long)  # labels found at each rank
     counts = [0] * heads.n_heads
     for f, t, s0 in zip(feats, toks, starts):
         t = torch.as_tensor(t, dtype=torch.long)
@@ -606,8 +633,8 @@ def head_accuracy(heads: MedusaHeads, features: torch.Tensor | Sequence[torch.Te
             raise ValueError(f"features cover {f.shape[0]} positions but the sequence has {t.numel()} tokens")
         for a in range(0, f.shape[0], 256):
             chunk = f[a:a + 256]
-            logits = heads.full_logits(heads.states(chunk.float().to(heads.blocks[0].weight.device))).cpu()  # (n, K, V)
-            top = logits.topk(min(k, logits.shape[-1]), dim=-1).indices  # (n, K, k)
+            scores = heads.scores(heads.states(chunk.float().to(heads.blocks[0].weight.device))).cpu()  # (n, K, W)
+            top = heads.token_ids(scores.topk(width, dim=-1).indices)  # (n, K, k) token ids
             for j in range(heads.n_heads):
                 at = torch.arange(a, a + chunk.shape[0]) + 2 + j
                 ok = (at < t.numel()) & (at >= s0)
@@ -615,10 +642,14 @@ def head_accuracy(heads: MedusaHeads, features: torch.Tensor | Sequence[torch.Te
                     continue
                 want = t[at[ok]]  # (m,)
                 cand = top[ok, j]  # (m, k)
-                hits1[j] += int((cand[:, 0] == want).sum())
-                hitsk[j] += int((cand == want[:, None]).any(-1).sum())
+                at_rank[j] += (cand == want[:, None]).sum(0)
                 counts[j] += int(ok.sum())
-    rows = [{"head": j + 1, "offset": j + 2, "top1": hits1[j] / counts[j] if counts[j] else float("nan"),
-             f"top{k}": hitsk[j] / counts[j] if counts[j] else float("nan"), "positions": counts[j]}
-            for j in range(heads.n_heads)]
+    rows = []
+    for j in range(heads.n_heads):
+        share = at_rank[j].double() / counts[j] if counts[j] else torch.full((width,), float("nan"))
+        row = {"head": j + 1, "offset": j + 2, "top1": float(share[0]), f"top{k}": float(share.sum()),
+               "positions": counts[j]}
+        if by_rank:
+            row.update({f"rank_{r + 1}": float(share[r]) for r in range(width)})
+        rows.append(row)
     return pd.DataFrame(rows)

@@ -81,6 +81,7 @@ _TIMING = "05_tree_attention_timing.ipynb"
 _SPEED = "06_end_to_end_speed.ipynb"
 _REPORT = "08_report.ipynb"
 _LOOKAHEAD = "09_lookahead.ipynb"
+_HEADS = "10_draft_heads.ipynb"
 
 #: The default study's notebook runs; ``standard`` replaces its acceptance study (03).
 _QUICK_RUNS = (
@@ -98,6 +99,8 @@ _QUICK_RUNS = (
     NotebookRun(_REPORT),
     NotebookRun(_LOOKAHEAD, {"prompt_limit": 3, "max_new_tokens": 32, "sweep_windows": [5], "sweep_ngrams": [4],
                              "sweep_guesses": [5], "others": ["ngram"], "cost_sizes": [1, 2, 4, 8, 16, 32]}),
+    NotebookRun(_HEADS, {"prompt_limit": 2, "max_new_tokens": 32, "train_prompts": 8, "train_tokens": 48,
+                         "train_steps": 0, "train_minutes": 1.0, "budgets": [4, 16], "others": ["chain-k4", "ngram"]}),
 )
 
 #: Notebook 03 in ``standard``: every prompt x 128 tokens. References are decoded 63 at a
@@ -129,6 +132,8 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
         NotebookRun(_LOOKAHEAD, {"max_new_tokens": 8, "sweep_windows": [5], "sweep_ngrams": [4],
                                  "sweep_guesses": [5], "context_pool": False, "others": ["ngram"],
                                  "cost_sizes": [1, 16], "cost_prefix": 32, "cost_repeats": 1, "lab_trials": 200}),
+        NotebookRun(_HEADS, {"max_new_tokens": 8, "train_prompts": 2, "train_tokens": 16, "train_steps": 5,
+                             "budgets": [4], "others": [], "timed": False}),
     ), report="08_report"),
     Preset("quick", "the default study: about 25 minutes on a 2-core CPU (16 for 01-08)", _QUICK_RUNS,
            report="08_report"),
@@ -156,6 +161,10 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
                                  "sweep_ngrams": [3, 4, 5], "sweep_guesses": [2, 5, 10], "sweep_prompts": 2,
                                  "others": ["ngram", "ngram-trie", "chain-k4", "dynamic-k4-d5-n16", "jacobi-k5"],
                                  "cost_sizes": [1, 2, 4, 8, 16, 32, 64], "cost_repeats": 3, "lab_trials": 10000}),
+        NotebookRun(_HEADS, {"prompt_limit": 0, "max_new_tokens": 128, "train_prompts": 256, "train_tokens": 256,
+                             "train_steps": 0, "train_minutes": 30.0, "vocab": 16384, "train_batch": 8,
+                             "train_window": 128, "budgets": [4, 8, 16, 32, 64],
+                             "others": ["chain-k4", "ngram", "ngram-trie"]}),
     ), report="08_report"),
 )})
 

@@ -292,6 +292,7 @@ _BUILTIN_PAIR_NOTEBOOKS: Mapping[str, tuple[str, Any] | None] = {
     "04_verification_rules": ("real_models", True),
     "06_end_to_end_speed": None,
     "09_lookahead": None,
+    "10_draft_heads": None,
 }
 #: parameters that list further weight modes in which a notebook loads the built-in target
 _TARGET_MODE_PARAMETERS: Mapping[str, str] = {"06_end_to_end_speed": "probe_dtypes"}
