@@ -41,6 +41,8 @@ from specviz.heads import (
     out_of_vocab_share,
     reduced_vocab,
     stdlib_prompts,
+    task_prompts,
+    TASK_KINDS,
     target_features,
     train_heads,
 )
@@ -48,7 +50,7 @@ from specviz.heads.__main__ import main
 from specviz.models.kvcache import forward_tokens, new_cache
 from specviz.models.loading import tiny_model
 from specviz.sampling import GREEDY, SamplingConfig
-from specviz.study.prompts import DEFAULT_PROMPTS_PATH
+from specviz.study.prompts import DEFAULT_PROMPTS_PATH, load_prompts
 from specviz.tree.core import pad_trees
 from specviz.tree.shapes import chain, from_paths, kary
 
@@ -151,6 +153,33 @@ def test_stdlib_prompts_are_deterministic():
     assert all(p.startswith(("Explain", "Summarise", "Complete")) for p in a)
 
 
+def test_task_prompts_cover_the_task_kinds_without_evaluation_prompts():
+    a = task_prompts(14, seed=3)
+    assert a == task_prompts(14, seed=3) and a != task_prompts(14, seed=4) and len(set(a)) == 14
+    starts = {"translation": "Translate the following text into ", "summarization": "Summarize the following text",
+              "rag": "Context:\n", "code": "Write a Python function ", "math_reasoning": ""}
+    kinds = TASK_KINDS * 2  # round-robin over the kinds
+    for kind, prompt in zip(kinds, a):
+        assert prompt.startswith(starts.get(kind, "")), (kind, prompt)
+    assert all(p.endswith("Reason step by step, then give the final answer.")
+               for k, p in zip(kinds, a) if k == "math_reasoning")
+    evaluation = {p.turns[0] for p in load_prompts(DEFAULT_PROMPTS_PATH)}
+    assert not evaluation & set(task_prompts(280, seed=0))  # nothing of the evaluation file
+    assert all(p.startswith("Translate") for p in task_prompts(3, kinds=["translation"]))
+    assert task_prompts(0) == []
+    with pytest.raises(ValueError, match="unknown task kind 'poetry'"):
+        task_prompts(2, kinds=["qa", "poetry"])
+
+
+def test_build_corpus_adds_task_prompts(tiny_pair):
+    kwargs = dict(max_new_tokens=4, temperatures=(0.0,), progress=False)
+    data = build_corpus(tiny_pair.target, prompts=1, tasks=2, max_prompt_chars=120, **kwargs)
+    only_tasks = build_corpus(tiny_pair.target, prompts=0, tasks=2, **kwargs)
+    assert len(data) == 3 and data.sequences[1:] == only_tasks.sequences
+    with pytest.raises(ValueError, match="tasks must be"):
+        build_corpus(tiny_pair.target, prompts=1, tasks=-1, **kwargs)
+
+
 def test_build_corpus_decodes_greedy_continuations_in_batches(tiny_pair, tmp_path):
     kwargs = dict(prompts=3, max_new_tokens=5, max_prompt_chars=120, temperatures=(0.0,), progress=False)
     one_by_one = build_corpus(tiny_pair.target, batch_size=1, **kwargs)
@@ -240,7 +269,7 @@ def test_checkpoints_are_written_while_training(tiny_pair, corpus, tmp_path, mon
 def test_cache_keys(corpus):
     cfg = HeadConfig()
     base = heads_dir("tiny-qwen2-seed0", "medusa", cfg, corpus.sha256)
-    assert base.parent.name == "tiny-qwen2-seed0" and base.name.startswith("medusa-c")
+    assert base.parent.name == "tiny-qwen2-seed0" and base.name.startswith("medusa-fp32-c")
     assert base == heads_dir("tiny-qwen2-seed0", "medusa", HeadConfig(checkpoint_minutes=1.0), corpus.sha256)
     others = [heads_dir("tiny-qwen2-seed1", "medusa", cfg, corpus.sha256),
               heads_dir("tiny-qwen2-seed0", "eagle", cfg, corpus.sha256),
@@ -397,6 +426,7 @@ def _drafters(tiny_pair, trained):
         "eagle-wide": EagleDrafter(target, eagle, topk=4, depth=5, budget=24),
         "eagle-small": EagleDrafter(target, eagle, topk=2, depth=2, budget=3),
         "eagle-chain": EagleDrafter(target, eagle, topk=1, depth=4, budget=4),
+        "eagle-bf16": EagleDrafter(target, eagle, topk=3, depth=4, budget=10, dtype="bf16"),
     }
 
 
@@ -466,6 +496,22 @@ def test_drafter_checks(tiny_pair, trained):
     assert isinstance(trained["eagle"].heads, EagleHead)
 
 
+def test_eagle_head_cast_shares_the_target_tensors(tiny_pair, trained):
+    head = trained["eagle"].heads
+    half = head.cast(torch.bfloat16)
+    assert half is not head and head.cast(torch.float32) is head
+    assert half.fc.weight.dtype == half.layer.mlp.up_proj.weight.dtype == torch.bfloat16
+    assert head.fc.weight.dtype == torch.float32  # the trained head is left as it is
+    assert half.embed_weight is head.embed_weight and half.out_weight is head.out_weight
+    torch.testing.assert_close(half.fc.weight.float(), head.fc.weight, atol=1e-2, rtol=1e-2)
+    drafter = EagleDrafter(tiny_pair.target, head, topk=2, depth=2, budget=4, dtype=torch.bfloat16)
+    assert drafter.heads.fc.weight.dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="unknown head dtype 'int8'"):
+        EagleDrafter(tiny_pair.target, head, dtype="int8")
+    with pytest.raises(ValueError, match="floating-point dtype"):
+        head.cast(torch.int8)
+
+
 def test_registry_builds_head_drafters(tiny_pair, trained):
     assert build_drafter("medusa", tiny_pair).name == "medusa(n=21,d=4)"
     assert build_drafter("medusa-2x1", tiny_pair).name == "medusa(n=4,d=2)"
@@ -480,7 +526,7 @@ def test_registry_builds_head_drafters(tiny_pair, trained):
 
 def test_cli_tiny_train_and_info(tmp_path, cache, capsys):
     out = tmp_path / "run"
-    argv = ["train", "--kind", "medusa", "--tiny", "--steps", "2", "--prompts", "1", "--new-tokens", "6",
+    argv = ["train", "--kind", "medusa", "--tiny", "--steps", "2", "--prompts", "1", "--tasks", "1", "--new-tokens", "6",
             "--window", "16", "--batch", "2", "--heads", "2", "--out", str(out), "--no-progress"]
     assert main(argv) == 0
     assert (out / "checkpoint.pt").exists()
@@ -500,6 +546,8 @@ def test_cli_tiny_train_and_info(tmp_path, cache, capsys):
      "--temperatures must be numbers"),
     (["train", "--kind", "medusa", "--tiny", "--steps", "1", "--temperatures", "-1"], "values >= 0"),
     (["train", "--kind", "medusa", "--tiny", "--steps", "1", "--decode-batch", "0"], "--decode-batch must be > 0"),
+    (["train", "--kind", "medusa", "--tiny", "--steps", "1", "--tasks", "-2"], "--tasks must be >= 0"),
+    (["train", "--kind", "medusa", "--tiny", "--steps", "1", "--tasks", "0", "--prompts", "0"], "no training prompts"),
     (["info", "/nonexistent/heads"], "no training result at /nonexistent/heads"),
     ([], "give a command"),
 ])

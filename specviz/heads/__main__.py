@@ -47,7 +47,10 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--out", metavar="DIR", help="result directory (default: the specviz cache)")
     t.add_argument("--vocab", type=int, metavar="N", help="draft only the N most frequent tokens of the data")
     t.add_argument("--heads", type=int, default=4, metavar="K", help="Medusa heads (default 4)")
-    t.add_argument("--prompts", type=int, metavar="N", help="standard library prompts (default 128; 8 with --tiny)")
+    t.add_argument("--prompts", type=int, metavar="N", help="standard library prompts (default 32; 4 with --tiny)")
+    t.add_argument("--tasks", type=int, metavar="N",
+                   help="prompts of the study's task kinds: writing, questions, word problems, translation, "
+                        "summaries, questions on a context, code (default 160; 4 with --tiny)")
     t.add_argument("--new-tokens", type=int, metavar="N",
                    help="continuation tokens per prompt (default 192; 32 with --tiny)")
     t.add_argument("--temperatures", default="0", metavar="T[,T...]",
@@ -85,8 +88,11 @@ def _train(args) -> int:
         raise _UsageError("give --target NAME or --tiny (exactly one)")
     if args.steps is None and args.minutes is None:
         raise _UsageError("give --steps or --minutes (or both)")
-    for name in ("steps", "minutes", "vocab", "prompts", "new_tokens"):
+    for name in ("steps", "minutes", "vocab", "new_tokens"):
         _positive(f"--{name.replace('_', '-')}", getattr(args, name))
+    for name in ("prompts", "tasks"):
+        if getattr(args, name) is not None and getattr(args, name) < 0:
+            raise _UsageError(f"--{name} must be >= 0, got {getattr(args, name)}")
     for name in ("heads", "batch", "window", "lr", "decode_batch"):
         _positive(f"--{name.replace('_', '-')}", getattr(args, name), allow_none=False)
     try:
@@ -95,18 +101,22 @@ def _train(args) -> int:
         raise _UsageError(f"--temperatures must be numbers separated by commas, got {args.temperatures!r}") from None
     if not temperatures or min(temperatures) < 0:
         raise _UsageError(f"--temperatures must list values >= 0, got {args.temperatures!r}")
+    prompts = args.prompts if args.prompts is not None else (4 if args.tiny else 32)
+    tasks = args.tasks if args.tasks is not None else (4 if args.tiny else 160)
+    if prompts + tasks == 0 and args.spec_bench is None:
+        raise _UsageError("no training prompts: --prompts and --tasks are both 0 and there is no --spec-bench")
     config = HeadConfig(n_heads=args.heads, vocab=args.vocab, lr=args.lr, batch_size=args.batch, window=args.window,
                         seed=args.seed)
     target = tiny_pair(seed=0).target if args.tiny else load_model(args.target, args.dtype)
     if args.vocab is not None and args.vocab > target.vocab_size:
         raise _UsageError(f"--vocab {args.vocab} is larger than {target.name}'s vocabulary ({target.vocab_size})")
-    prompts = args.prompts if args.prompts is not None else (8 if args.tiny else 128)
     new_tokens = args.new_tokens if args.new_tokens is not None else (32 if args.tiny else 192)
     exclude = [c.strip() for c in args.exclude.split(",") if c.strip()] if args.exclude else None
     max_chars = 300 if args.tiny else 1500
-    spec = json.dumps([target.name, target.weight_mode, prompts, new_tokens, args.seed, args.spec_bench, exclude, max_chars])
+    spec = json.dumps([target.name, target.weight_mode, prompts, new_tokens, args.seed, args.spec_bench, exclude, max_chars]
+                      + ([tasks] if tasks else []))  # without tasks, the key of stores written before they existed
     store = cache_dir() / "heads" / "corpus" / f"{hashlib.sha256(spec.encode()).hexdigest()[:16]}.jsonl"
-    corpus = build_corpus(target, prompts=prompts, max_new_tokens=new_tokens, seed=args.seed,
+    corpus = build_corpus(target, prompts=prompts, tasks=tasks, max_new_tokens=new_tokens, seed=args.seed,
                           temperatures=temperatures, spec_bench=args.spec_bench, exclude_categories=exclude,
                           max_prompt_chars=max_chars, store=store, batch_size=args.decode_batch,
                           progress=not args.no_progress)

@@ -1,10 +1,13 @@
 """Training data for draft heads without a download: prompts from the Python standard
-library, continued by the target itself (self-distillation).
+library and from task templates, continued by the target itself (self-distillation).
 
 * :func:`stdlib_prompts` - "explain this function", "summarise this docstring" and
   "complete this function" prompts built from the source and docstrings of standard
   library modules (every Python installation has them), chosen deterministically by a
   seed;
+* :func:`task_prompts` - prompts of the study's task kinds (writing, questions, word
+  problems, translation, summarisation, questions on a context, code) from templates
+  with random slots and prose of the Python reference, never from the evaluation file;
 * :func:`spec_bench_prompts` - prompts of a Spec-Bench-format file minus held-out
   categories (by default every category of the shipped evaluation set, so
   ``data/prompts.jsonl`` never leaks into training);
@@ -41,6 +44,8 @@ __all__ = [
     "Corpus",
     "STDLIB_MODULES",
     "stdlib_prompts",
+    "TASK_KINDS",
+    "task_prompts",
     "spec_bench_prompts",
     "build_corpus",
 ]
@@ -218,11 +223,12 @@ def build_corpus(target: LoadedModel, *, prompts: int = 256, max_new_tokens: int
                  temperatures: Sequence[float] = (0.0, 0.7), spec_bench: str | os.PathLike | None = None,
                  exclude_categories: Sequence[str] | None = None, max_prompt_chars: int = 1500,
                  extra_prompts: Sequence[str] = (), chat: bool = True, store: str | os.PathLike | None = None,
-                 batch_size: int = 16, progress: bool = True) -> Corpus:
+                 batch_size: int = 16, progress: bool = True, tasks: int = 0) -> Corpus:
     """Self-distilled training data: prompts continued by ``target``.
 
     The prompts are ``prompts`` standard library prompts (:func:`stdlib_prompts` with
-    ``seed``), then those of ``spec_bench`` (:func:`spec_bench_prompts`, held-out
+    ``seed``), then ``tasks`` prompts of the study's task kinds (:func:`task_prompts`
+    with ``seed``), then those of ``spec_bench`` (:func:`spec_bench_prompts`, held-out
     categories removed), then ``extra_prompts``. Each is continued once per temperature
     of ``temperatures``: 0 is greedy decoding (the continuation a greedy run commits),
     anything else samples with seed ``seed + i`` for prompt ``i``. Prompts too long for
@@ -235,6 +241,9 @@ def build_corpus(target: LoadedModel, *, prompts: int = 256, max_new_tokens: int
     Args:
         target: the model that writes the continuations (the heads' target).
         prompts: standard library prompts (0 for none).
+        tasks: prompts of the study's task kinds (0 for none): writing, questions, word
+            problems, translation, summarisation, questions on a context and code, the
+            kinds the heads are evaluated on.
         max_new_tokens: continuation budget per prompt (stops earlier at end of sequence).
         seed: prompt choice and sampling seed.
         temperatures: one continuation per temperature.
@@ -258,17 +267,19 @@ def build_corpus(target: LoadedModel, *, prompts: int = 256, max_new_tokens: int
     from specviz.study.store import ResultStore
 
     check_int("prompts", prompts, 0)
+    check_int("tasks", tasks, 0)
     check_int("max_new_tokens", max_new_tokens)
     check_int("batch_size", batch_size)
     temps = [float(t) for t in temperatures]
     if not temps or min(temps) < 0:
         raise ValueError(f"temperatures must be a non-empty list of values >= 0, got {list(temperatures)}")
     texts = (stdlib_prompts(prompts, seed=seed, max_chars=max_prompt_chars) if prompts else [])
+    texts += task_prompts(tasks, seed=seed) if tasks else []
     if spec_bench is not None:
         texts += spec_bench_prompts(spec_bench, exclude_categories)
     texts += list(extra_prompts)
     if not texts:
-        raise ValueError("no prompts: ask for stdlib prompts, a Spec-Bench file or extra prompts")
+        raise ValueError("no prompts: ask for stdlib prompts, task prompts, a Spec-Bench file or extra prompts")
     encoded = [encode_prompt(target.tokenizer, t, chat) for t in texts]
     fits = [ids for ids in encoded if len(ids) + max_new_tokens < target.max_context]
     if not fits:
@@ -298,3 +309,203 @@ def build_corpus(target: LoadedModel, *, prompts: int = 256, max_new_tokens: int
     sequences = [list(units[u][1]) + list(results.rows_of(key)[0]["output_ids"]) for u, key in enumerate(keys)]
     lengths = [len(units[u][1]) for u in range(len(units))]
     return Corpus.from_sequences(sequences, lengths)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Prompts of the study's task kinds, generated from templates (never from the evaluation file)
+# ---------------------------------------------------------------------------------------------------
+
+#: the task kinds :func:`task_prompts` writes, the same kinds as the shipped evaluation set
+TASK_KINDS: tuple[str, ...] = ("code", "math_reasoning", "qa", "rag", "summarization", "translation", "writing")
+
+_PEOPLE = ("Mr. Okafor", "Ms. Lindqvist", "Dr. Romero", "my neighbour Sam", "the head of IT", "my team",
+           "Professor Chen", "the hiring manager", "my sister Ana", "the building manager", "a new colleague",
+           "the school principal", "our customers", "the city council", "my landlord, Mr. Duarte")
+_WRITING_TOPICS = ("a delayed delivery of office chairs", "the noise from the flat upstairs",
+                   "a request to work from home on Fridays", "the cancelled team offsite",
+                   "a refund for a broken kettle", "the new recycling rules", "a thank-you for a job reference",
+                   "moving the weekly meeting to Tuesday", "a leaking kitchen tap", "the results of the user survey",
+                   "an invitation to a charity run", "a late invoice", "a change of address",
+                   "feedback on a draft report", "a missing parcel", "the school trip next month",
+                   "a request for a day of leave", "a broken street light", "the launch of a new product",
+                   "a complaint about a hotel stay")
+_WRITING_KINDS = ("an email", "a short letter", "a polite message", "a formal complaint", "a friendly note",
+                  "an announcement")
+_WRITING_ASKS = ("Keep it under 150 words.", "Be polite but firm.", "Use a warm, informal tone.",
+                 "End with a clear request and a deadline.", "Use three short paragraphs.",
+                 "Mention that I am available on weekday mornings.")
+_FREEFORM = ("Write a short story about {thing} in about 150 words.", "Write a product description for {thing}.",
+             "Write a four-line poem about {thing}.", "Write the opening paragraph of a blog post about {thing}.",
+             "Write a short speech for a colleague's farewell party that mentions {thing}.")
+_THINGS = ("a lighthouse keeper", "a reusable water bottle", "autumn in a small town", "a robot learning to cook",
+           "a rainy train journey", "a lost umbrella", "a community garden", "a solar-powered lamp",
+           "the first day at a new job", "an old bicycle", "a night market", "a noise-cancelling headset")
+
+_WHY = ("is the sky blue during the day", "do leaves change colour in autumn", "does ice float on water",
+        "do we have leap years", "does bread go stale", "do cats purr", "is the ocean salty",
+        "does the moon have phases", "do onions make people cry", "does metal feel colder than wood",
+        "do airplanes leave white trails", "do we get goosebumps", "does a compass point north",
+        "is exercise good for sleep", "do stars twinkle", "does popcorn pop")
+_HOW = ("a refrigerator keeps food cold", "vaccines train the immune system", "a bicycle stays upright",
+        "noise-cancelling headphones work", "a search engine ranks pages", "solar panels make electricity",
+        "a credit card payment is processed", "bees make honey", "GPS finds your position", "a dam generates power",
+        "a thermostat controls a heater", "compound interest grows savings")
+_PAIRS = (("weather", "climate"), ("a virus", "a bacterium"), ("RAM", "disk storage"), ("a loan", "a lease"),
+          ("speed", "velocity"), ("an alligator", "a crocodile"), ("baking soda", "baking powder"),
+          ("a comet", "an asteroid"), ("a debit card", "a credit card"), ("TCP", "UDP"),
+          ("a simile", "a metaphor"), ("renewable", "non-renewable energy"))
+_QA_ASKS = ("Explain in a short paragraph.", "Answer in three or four sentences.",
+            "Give a clear answer a twelve-year-old could follow.", "Explain briefly, then give one example.")
+
+_LANGUAGES = ("French", "German", "Spanish", "Italian", "Portuguese", "Dutch")
+_SUBJECTS = ("The museum", "The pharmacy", "Our office", "The swimming pool", "The bakery on the corner",
+             "The city library", "The post office", "The sports centre")
+_TIMES = ("opens at eight in the morning", "closes early on Fridays", "is closed on public holidays",
+          "will be renovated next spring", "is busiest on Saturday mornings", "has new opening hours from May")
+_AFTER = ("Please bring your ticket with you.", "Tickets can be bought online or at the entrance.",
+          "Children under twelve enter for free.", "We apologise for any inconvenience.",
+          "Dogs are not allowed inside.", "Visitors should use the side door during the works.",
+          "Questions can be sent to the front desk by email.")
+
+_CODE_TASKS = ("`{name}(items)` that returns the items that appear more than once, in order of first appearance",
+               "`{name}(text)` that counts how often each word occurs, ignoring case and punctuation",
+               "`{name}(matrix)` that returns the transpose of a list of equal-length lists",
+               "`{name}(n)` that returns the first n Fibonacci numbers as a list",
+               "`{name}(path)` that returns the number of non-empty lines in a text file",
+               "`{name}(intervals)` that merges overlapping (start, end) intervals",
+               "`{name}(s)` that checks whether a string is a palindrome, ignoring spaces and case",
+               "`{name}(records, key)` that groups a list of dicts by the value of `key`",
+               "`{name}(seconds)` that formats a duration as H:MM:SS",
+               "`{name}(numbers)` that returns the running average after each element")
+_CODE_NAMES = ("solve", "process", "compute", "helper", "transform")
+_CODE_ASKS = ("Add type hints and a short docstring.", "Raise a ValueError on invalid input.",
+              "Include two example calls.", "Keep it under 20 lines.")
+
+
+def _prose_passages(min_chars: int = 300, max_chars: int = 900) -> list[str]:
+    """Prose paragraphs of the Python reference shipped with the standard library
+    (``pydoc_data.topics``; code and grammar blocks left out), each cut to ``max_chars``."""
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:  # some distributions strip pydoc_data
+        topics = {}
+    passages = []
+    for key in sorted(topics):
+        for block in topics[key].split("\n\n"):
+            lines = block.splitlines()
+            if not lines or any(line.startswith((" ", "*", "=", ">>>")) for line in lines):
+                continue
+            text = " ".join(line.strip() for line in lines)
+            if len(text) >= min_chars // 3:
+                passages.append(text)
+    out, current = [], ""
+    for text in passages:  # join short paragraphs until a passage is long enough
+        current = f"{current}\n\n{text}" if current else text
+        if len(current) >= min_chars:
+            out.append(_cut_words(current, max_chars))
+            current = ""
+    return out
+
+
+def _cut_words(text: str, limit: int) -> str:
+    """``text`` cut after the last full sentence (or word) within ``limit`` characters."""
+    if len(text) <= limit:
+        return text
+    head = text[:limit]
+    end = head.rfind(". ")
+    return head[:end + 1] if end > limit // 2 else head.rsplit(" ", 1)[0]
+
+
+def _task_prompt(kind: str, rng: random.Random, passages: Sequence[str]) -> str:
+    pick = rng.choice
+    if kind == "writing":
+        if rng.random() < 0.6:
+            return (f"Write {pick(_WRITING_KINDS)} to {pick(_PEOPLE)} about {pick(_WRITING_TOPICS)}. "
+                    f"{pick(_WRITING_ASKS)}")
+        return pick(_FREEFORM).format(thing=pick(_THINGS))
+    if kind == "qa":
+        r = rng.random()
+        if r < 0.4:
+            question = f"Why {pick(_WHY)}?"
+        elif r < 0.7:
+            question = f"Describe how {pick(_HOW)}."
+        else:
+            a, b = pick(_PAIRS)
+            question = f"What is the difference between {a} and {b}?"
+        return f"{question} {pick(_QA_ASKS)}"
+    if kind == "math_reasoning":
+        return _math_problem(rng) + " Reason step by step, then give the final answer."
+    if kind == "translation":
+        if passages and rng.random() < 0.4:
+            text = _cut_words(pick(passages), 320)
+        else:
+            text = f"{pick(_SUBJECTS)} {pick(_TIMES)}. {pick(_AFTER)} {pick(_AFTER)}"
+        return f"Translate the following text into {pick(_LANGUAGES)}:\n\n\"{text}\""
+    if kind == "summarization":
+        text = pick(passages) if passages else " ".join(rng.sample(_AFTER, 4))
+        return f"Summarize the following text in {rng.choice((2, 3))} sentences.\n\n{text}"
+    if kind == "rag":
+        text = pick(passages) if passages else " ".join(rng.sample(_AFTER, 4))
+        words = sorted({w.strip(".,;:()\"'") for w in text.split() if len(w) > 7 and w.isalpha()})
+        about = pick(words) if words else "this"
+        return (f"Context:\n{text}\n\nQuestion: According to the context, what is said about \"{about}\"? "
+                "Answer using only the context, in two or three sentences.")
+    if kind == "code":
+        task = pick(_CODE_TASKS).format(name=pick(_CODE_NAMES))
+        return f"Write a Python function {task}. {pick(_CODE_ASKS)}"
+    raise ValueError(f"unknown task kind {kind!r}; known: {', '.join(TASK_KINDS)}")
+
+
+def _math_problem(rng: random.Random) -> str:
+    """A word problem with random numbers (one of several templates)."""
+    r = rng.randint
+    form = rng.randrange(6)
+    if form == 0:
+        a, n = r(2, 9), r(11, 40)
+        b = r(4 * a, 6 * a - 1)  # a pack is cheaper than six single pens
+        return (f"A shop sells pens for ${a} each or in packs of 6 for ${b}. Lee needs exactly {n} pens. "
+                "What is the least amount of money Lee can pay?")
+    if form == 1:
+        v, t1, t2 = r(40, 110), r(2, 5), r(15, 50)
+        return (f"A train travels at {v} km/h for {t1} hours and then stops for {t2} minutes. How far has it "
+                f"gone, and how long did the journey take in total?")
+    if form == 2:
+        p, d = r(20, 400), rng.choice((10, 15, 20, 25, 30))
+        return (f"A jacket costs ${p}. It is reduced by {d}% and then a further 10% at the till. What is the "
+                "final price?")
+    if form == 3:
+        a, b = r(5, 30), r(2, 6)
+        return (f"Sara is {a} years old and her father is {b} times her age. In how many years will her father "
+                "be exactly twice her age?")
+    if form == 4:
+        w, h, c = r(3, 12), r(2, 9), r(8, 40)
+        return (f"A room is {w} m long and {h} m wide. Tiles cost ${c} per square metre, and 10% extra must be "
+                "bought for cutting. How much do the tiles cost?")
+    n, k = r(20, 60), r(3, 9)
+    return (f"A class of {n} students is split into groups of {k}. The students left over join existing groups, "
+            "one per group. How many groups are there, and how many groups have an extra student?")
+
+
+def task_prompts(n: int, *, seed: int = 0, kinds: Sequence[str] = TASK_KINDS) -> list[str]:
+    """``n`` prompts spread evenly over the task ``kinds`` of the study's prompt set
+    (writing, questions, word problems, translation, summarisation, questions on a
+    context, code), written from templates with random slots: names, topics,
+    languages and numbers, and prose passages of the Python reference that ships with
+    the standard library. Nothing comes from the evaluation file, so heads trained on
+    the target's answers to them are evaluated on unseen prompts of the same kinds.
+
+    The choice depends only on ``seed``, ``kinds`` and the Python version.
+
+    Raises:
+        ValueError: an unknown kind, or no kinds.
+    """
+    check_int("n", n, 0)
+    kinds = list(kinds)
+    if not kinds:
+        raise ValueError("task_prompts needs at least one kind")
+    for kind in kinds:
+        if kind not in TASK_KINDS:
+            raise ValueError(f"unknown task kind {kind!r}; known: {', '.join(TASK_KINDS)}")
+    rng = random.Random(seed)
+    passages = _prose_passages()
+    return [_task_prompt(kinds[i % len(kinds)], rng, passages) for i in range(n)]

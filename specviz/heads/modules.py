@@ -214,6 +214,23 @@ class EagleHead(_ScoredVocab):
         """A head for ``target`` (see the class)."""
         return cls(target, vocab_map)
 
+    def cast(self, dtype: torch.dtype) -> "EagleHead":
+        """This head with its trained layers (``fc`` and the decoder layer) in ``dtype``,
+        e.g. ``torch.bfloat16`` to draft at half the weight bytes on CPUs with bf16
+        instructions; the target's embeddings and LM head stay shared, the rotary
+        frequencies stay float32. Returns ``self`` when the layers already are in
+        ``dtype``, else a copy (``self`` is left as it is)."""
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise ValueError(f"an EAGLE head runs in a floating-point dtype, got {dtype!r}")
+        if self.fc.weight.dtype == dtype:
+            return self
+        shared = {id(t): t for t in (self.embed_weight, self.out_weight, self.out_bias, self.vocab_map)
+                  if t is not None}
+        clone = copy.deepcopy(self, memo=dict(shared))  # the target's tensors are not copied
+        clone.fc.to(dtype)
+        clone.layer.to(dtype)
+        return clone
+
     def _inputs(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         emb = F.embedding(tokens.to(self.embed_weight.device), self.embed_weight)  # (B, n, H)
         dtype = self.fc.weight.dtype

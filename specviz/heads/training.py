@@ -9,7 +9,7 @@
   batch sampler's random state included, so an interrupted run ends with the weights
   an uninterrupted one would have), and calling it on a finished run returns at once;
 * :func:`heads_dir` - where a result lives by default: ``<cache>/heads/<target>/
-  <kind>-c<config hash>-d<data hash>`` under the specviz cache (``$SPECVIZ_CACHE`` or
+  <kind>-<weight mode>-c<config hash>-d<data hash>`` under the specviz cache (``$SPECVIZ_CACHE`` or
   ``~/.cache/specviz``);
 * :func:`load_heads` - a trained module back, checked against the target;
   :func:`find_heads` / :func:`load_cached_heads` - the newest finished result of a kind
@@ -188,11 +188,11 @@ def _root(cache: str | os.PathLike | None) -> Path:
 
 def heads_dir(target_name: str, kind: str, config: HeadConfig, data_sha256: str,
               cache: str | os.PathLike | None = None, weight_mode: str = "fp32") -> Path:
-    """The default result directory: ``<cache>/heads/<target>/<kind>-c<config>-d<data>``,
-    with ``-<mode>`` after the kind when the features come from a target in another weight
-    mode than fp32."""
-    mode = "" if weight_mode == "fp32" else f"-{_slug(weight_mode)}"
-    return _root(cache) / _slug(target_name) / f"{kind}{mode}-c{config_hash(kind, config)}-d{data_sha256[:12]}"
+    """The default result directory: ``<cache>/heads/<target>/<kind>-<mode>-c<config>-d<data>``,
+    named like :func:`features_dir` by the weight mode of the target whose features the
+    heads learn from."""
+    return (_root(cache) / _slug(target_name)
+            / f"{kind}-{_slug(weight_mode)}-c{config_hash(kind, config)}-d{data_sha256[:12]}")
 
 
 def features_dir(target_name: str, data_sha256: str, cache: str | os.PathLike | None = None,
@@ -360,7 +360,7 @@ def _recent(history: list[tuple[int, float, float]], last: int = 20) -> tuple[fl
 
 def _check_same_run(path: Path, found: dict, wanted: dict) -> None:
     for key in ("kind", "target", "hidden_size", "config_hash", "data_sha256", "features_weight_mode"):
-        if found.get(key, "fp32" if key == "features_weight_mode" else None) != wanted[key]:
+        if found.get(key) != wanted[key]:
             raise ValueError(f"{path} holds a training run with {key} {found.get(key)!r}, not {wanted[key]!r}; "
                              "give another out_dir")
 

@@ -99,8 +99,9 @@ _QUICK_RUNS = (
     NotebookRun(_REPORT),
     NotebookRun(_LOOKAHEAD, {"prompt_limit": 3, "max_new_tokens": 32, "sweep_windows": [5], "sweep_ngrams": [4],
                              "sweep_guesses": [5], "others": ["ngram"], "cost_sizes": [1, 2, 4, 8, 16, 32]}),
-    NotebookRun(_HEADS, {"prompt_limit": 2, "max_new_tokens": 32, "train_prompts": 8, "train_tokens": 48,
-                         "train_steps": 0, "train_minutes": 1.0, "budgets": [4, 16], "others": ["chain-k4", "ngram"]}),
+    NotebookRun(_HEADS, {"prompt_limit": 2, "max_new_tokens": 32, "train_prompts": 2, "train_tasks": 8,
+                         "train_tokens": 48, "train_steps": 0, "train_minutes": 1.0, "budgets": [4, 16],
+                         "others": ["chain-k4", "ngram"]}),
 )
 
 #: Notebook 03 in ``standard``: every prompt x 128 tokens. References are decoded 63 at a
@@ -132,8 +133,8 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
         NotebookRun(_LOOKAHEAD, {"max_new_tokens": 8, "sweep_windows": [5], "sweep_ngrams": [4],
                                  "sweep_guesses": [5], "context_pool": False, "others": ["ngram"],
                                  "cost_sizes": [1, 16], "cost_prefix": 32, "cost_repeats": 1, "lab_trials": 200}),
-        NotebookRun(_HEADS, {"max_new_tokens": 8, "train_prompts": 2, "train_tokens": 16, "train_steps": 5,
-                             "budgets": [4], "others": [], "timed": False}),
+        NotebookRun(_HEADS, {"max_new_tokens": 8, "train_prompts": 1, "train_tasks": 2, "train_tokens": 16,
+                             "train_steps": 5, "budgets": [4], "others": [], "timed": False}),
     ), report="08_report"),
     Preset("quick", "the default study: about 25 minutes on a 2-core CPU (16 for 01-08)", _QUICK_RUNS,
            report="08_report"),
@@ -161,8 +162,8 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
                                  "sweep_ngrams": [3, 4, 5], "sweep_guesses": [2, 5, 10], "sweep_prompts": 2,
                                  "others": ["ngram", "ngram-trie", "chain-k4", "dynamic-k4-d5-n16", "jacobi-k5"],
                                  "cost_sizes": [1, 2, 4, 8, 16, 32, 64], "cost_repeats": 3, "lab_trials": 10000}),
-        NotebookRun(_HEADS, {"prompt_limit": 0, "max_new_tokens": 128, "train_prompts": 256, "train_tokens": 256,
-                             "train_steps": 0, "train_minutes": 30.0, "vocab": 16384, "train_batch": 8,
+        NotebookRun(_HEADS, {"prompt_limit": 0, "max_new_tokens": 128, "train_prompts": 64, "train_tasks": 256,
+                             "train_tokens": 256, "train_steps": 0, "train_minutes": 30.0, "vocab": 16384, "train_batch": 8,
                              "train_window": 128, "budgets": [4, 8, 16, 32, 64],
                              "others": ["chain-k4", "ngram", "ngram-trie"]}),
     ), report="08_report"),
