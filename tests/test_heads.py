@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
+import specviz.heads.corpus as corpus_module
 import specviz.heads.drafters as drafters_module
 import specviz.heads.training as training
 from specviz.decode.engine import (
@@ -169,6 +170,13 @@ def test_task_prompts_cover_the_task_kinds_without_evaluation_prompts():
     assert task_prompts(0) == []
     with pytest.raises(ValueError, match="unknown task kind 'poetry'"):
         task_prompts(2, kinds=["qa", "poetry"])
+
+
+def test_task_prompts_without_the_python_reference(monkeypatch):
+    monkeypatch.setattr(corpus_module, "_prose_passages", lambda: [])  # a Python without pydoc_data
+    prompts = task_prompts(14, seed=0)
+    assert len(prompts) == 14 and all(p.strip() for p in prompts)
+    assert prompts[3].startswith("Context:\n") and prompts[4].startswith("Summarize the following text")
 
 
 def test_build_corpus_adds_task_prompts(tiny_pair):
