@@ -514,7 +514,7 @@ def test_eagle_head_cast_shares_the_target_tensors(tiny_pair, trained):
     torch.testing.assert_close(half.fc.weight.float(), head.fc.weight, atol=1e-2, rtol=1e-2)
     drafter = EagleDrafter(tiny_pair.target, head, topk=2, depth=2, budget=4, dtype=torch.bfloat16)
     assert drafter.heads.fc.weight.dtype == torch.bfloat16
-    with pytest.raises(ValueError, match="unknown head dtype 'int8'"):
+    with pytest.raises(ValueError, match="unknown dtype 'int8'"):
         EagleDrafter(tiny_pair.target, head, dtype="int8")
     with pytest.raises(ValueError, match="floating-point dtype"):
         head.cast(torch.int8)

@@ -43,7 +43,7 @@ from specviz.draft.model import draft_distribution, drafted_tree, grow_dynamic_t
 from specviz.heads.features import target_features
 from specviz.heads.modules import EagleHead, MedusaHeads
 from specviz.models.kvcache import crop_cache, new_cache
-from specviz.models.loading import LoadedModel
+from specviz.models.loading import LoadedModel, parse_dtype
 from specviz.sampling import require_deterministic_siblings
 from specviz.tree.core import DraftTree
 from specviz.tree.shapes import TreeShape, expansion, from_paths
@@ -352,7 +352,7 @@ class EagleDrafter(_HeadDrafter):
         self.name = f"eagle-chain(k={depth})" if topk == 1 and budget >= depth else \
             f"eagle(k={topk},d={depth},n={budget})"
         if dtype is not None and isinstance(head, EagleHead):
-            head = head.cast(_head_dtype(dtype))
+            head = head.cast(parse_dtype(dtype))
         super().__init__(target, head, EagleHead)
 
     def reset(self) -> None:
@@ -382,18 +382,6 @@ class EagleDrafter(_HeadDrafter):
                 frontier = grow.send(self.heads.full_logits(out).cpu())  # (n, V)
         except StopIteration as done:
             return done.value
-
-
-_HEAD_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
-                "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
-
-
-def _head_dtype(dtype: torch.dtype | str) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype not in _HEAD_DTYPES:
-        raise ValueError(f"unknown head dtype {dtype!r}; use one of {', '.join(_HEAD_DTYPES)} or a torch dtype")
-    return _HEAD_DTYPES[dtype]
 
 
 def head_drafter(pair, path, *, shape: TreeShape | Sequence[Sequence[int]] | None = None, topk: int = 4,
