@@ -168,6 +168,7 @@ def test_sampling_run(prompts_file, tmp_path, capsys, use_tiny):
     (("--threads", "0"), "--threads must be >= 1"),
     (("--repeats", "0"), "--repeats must be >= 1"),
     (("--dtype", "int3"), "--dtype: unknown weight mode 'int3'"),
+    (("--heads", "/nonexistent/heads"), "--heads: /nonexistent/heads holds no trained heads"),
 ])
 def test_bad_arguments_exit_2(prompts_file, tmp_path, capsys, extra, message):
     argv = ["--models", "tiny", "--prompts", str(prompts_file), "--out", str(tmp_path / "x.csv"), *extra]
@@ -223,3 +224,22 @@ def test_attention_subcommand(tmp_path, capsys):
     assert (table["max_abs_diff"] < 1e-4).all()
     assert cli.main(["attention", "--shapes", "2-1", "--out", str(out)]) == 2
     assert "--shapes entries look like 2x2x1" in capsys.readouterr().err
+
+
+def test_heads_option_picks_the_heads_the_head_methods_use(prompts_file, tmp_path, capsys, use_tiny, tiny_pair,
+                                                           monkeypatch):
+    import os
+
+    from specviz.heads import HEADS_ENV, Corpus, HeadConfig, train_heads
+
+    monkeypatch.delenv(HEADS_ENV, raising=False)
+    seqs = [list(range(5, 45)), list(range(50, 90)), list(range(7, 47))]
+    result = train_heads("medusa", tiny_pair.target, Corpus.from_sequences(seqs, [4, 4, 4]), steps=2,
+                         out_dir=tmp_path / "medusa", features=tmp_path / "f", progress=False,
+                         config=HeadConfig(n_heads=2, window=16, batch_size=2))
+    out = tmp_path / "heads.csv"
+    assert cli.main(_argv(prompts_file, out, "--heads", str(result.path), methods=("medusa-2x1", "medusa-n3"))) == 0
+    assert f"medusa heads: {result.path.resolve()}" in capsys.readouterr().out
+    rows = bench.load_results(out)
+    assert set(rows["method"]) == {"plain", "medusa-2x1", "medusa-n3"} and rows["matches_plain"].all()
+    assert HEADS_ENV not in os.environ  # the option does not outlive the run

@@ -6,6 +6,7 @@ import dataclasses
 import itertools
 import json
 import math
+import os
 
 import pandas as pd
 import pytest
@@ -33,8 +34,11 @@ from specviz.heads import (
     config_hash,
     draft_vocab,
     extract_features,
+    HEADS_ENV,
+    features_dir,
     find_heads,
     head_accuracy,
+    heads_validation,
     heads_dir,
     load_features,
     load_heads,
@@ -46,10 +50,12 @@ from specviz.heads import (
     TASK_KINDS,
     target_features,
     train_heads,
+    validation_split,
 )
 from specviz.heads.__main__ import main
 from specviz.models.kvcache import forward_tokens, new_cache
 from specviz.models.loading import tiny_model
+from specviz.models.loading import tiny_pair as make_tiny_pair
 from specviz.sampling import GREEDY, SamplingConfig
 from specviz.study.prompts import DEFAULT_PROMPTS_PATH, load_prompts
 from specviz.tree.core import pad_trees
@@ -272,6 +278,76 @@ def test_checkpoints_are_written_while_training(tiny_pair, corpus, tmp_path, mon
     train_heads("medusa", tiny_pair.target, corpus, steps=3, out_dir=tmp_path / "run", features=tmp_path / "f",
                 config=HeadConfig(window=16, batch_size=2, checkpoint_minutes=1e-9), progress=False)
     assert saved == [1, 2, 3, 3]  # after every step (the interval is tiny), then the final one
+
+
+def test_validation_split():
+    assert validation_split(10, 0.1, 0) == validation_split(10, 0.1, 0)
+    assert len(validation_split(10, 0.3, 0)) == 3 and len(validation_split(3, 0.01, 0)) == 1
+    assert len(validation_split(3, 0.9, 0)) == 2  # never every sequence
+    assert validation_split(1, 0.5, 0) == () and validation_split(10, 0.0, 0) == ()
+    assert validation_split(50, 0.2, 0) != validation_split(50, 0.2, 1)
+    assert all(0 <= i < 50 for i in validation_split(50, 0.2, 3))
+    with pytest.raises(ValueError, match=r"validation must be a share in \[0, 1\), got 1.0"):
+        HeadConfig(validation=1.0)
+    with pytest.raises(ValueError, match="eval_every"):
+        HeadConfig(eval_every=0)
+    # held-out sequences get no training windows
+    gen = torch.Generator().manual_seed(0)
+    wins = training._windows([30, 30, 30], [0, 0, 0], [1.0, 0.0, 1.0], 64, 8, gen)
+    assert {s for s, _, _ in wins} == {0, 2}
+
+
+def test_validation_keeps_the_best_weights_and_records_them(trained, tiny_pair, corpus):
+    held = validation_split(len(corpus), SMALL.validation, SMALL.seed)
+    assert held
+    for kind, result in trained.items():
+        val = result.validation
+        assert val == json.loads((result.path / "meta.json").read_text())["validation"] == heads_validation(result.path)
+        assert val["sequences"] == len(held) and val["tokens"] == sum(len(corpus.sequences[s]) for s in held)
+        assert [h[0] for h in val["history"]] == [25, STEPS]  # every eval_every steps, and at the end
+        best = min(val["history"], key=lambda h: h[1])
+        assert (val["best_step"], val["loss"], val["top1"]) == tuple(best)
+        # the weights returned and loaded are the best ones: they reproduce the recorded loss
+        loaded = load_heads(result.path, tiny_pair.target)
+        for key, value in result.heads.state_dict().items():
+            assert torch.equal(value, loaded.state_dict()[key]), key
+        feats = load_features(features_dir(tiny_pair.target.name, corpus.sha256), sha256=corpus.sha256)
+        firsts = ([max(p - 1 - SMALL.n_heads, 0) for p in corpus.prompt_lengths] if kind == "medusa"
+                  else [0] * len(corpus))
+        loss, top1 = training._validate(kind, loaded, feats, corpus, held, firsts, SMALL)
+        assert loss == pytest.approx(val["loss"], rel=1e-5) and top1 == pytest.approx(val["top1"])
+    heads = trained["medusa"].validation["heads"]
+    assert [h["head"] for h in heads] == [1, 2, 3, 4]
+    table = head_accuracy(trained["medusa"].heads, [feats[s] for s in held], [corpus.sequences[s] for s in held],
+                          k=5, start=[corpus.prompt_lengths[s] for s in held], by_rank=True)
+    for h, row in zip(heads, table.itertuples()):
+        assert h["rank_accuracy"] == pytest.approx([row.rank_1, row.rank_2, row.rank_3, row.rank_4, row.rank_5])
+        assert h["top1"] == pytest.approx(row.top1) and h["positions"] == row.positions
+
+
+def test_find_heads_prefers_listed_then_the_most_data(tmp_path, monkeypatch):
+    monkeypatch.delenv(HEADS_ENV, raising=False)
+    folder = tmp_path / "heads" / "t"
+
+    def result(name, kind="medusa", tokens=100, updated=1.0, finished=True):
+        (folder / name).mkdir(parents=True)
+        (folder / name / "meta.json").write_text(json.dumps({"kind": kind, "target": "t", "finished": finished,
+                                                              "data_tokens": tokens, "updated": updated}))
+        return folder / name
+
+    small_new = result("medusa-a", tokens=100, updated=5.0)
+    big_old = result("medusa-b", tokens=900, updated=1.0)
+    result("medusa-c", tokens=5000, updated=9.0, finished=False)
+    eagle = result("eagle-a", kind="eagle")
+    assert find_heads("t", "medusa", cache=tmp_path) == big_old
+    monkeypatch.setenv(HEADS_ENV, f"{eagle}{os.pathsep}{small_new}")
+    assert find_heads("t", "medusa", cache=tmp_path) == small_new  # the listed one of the kind
+    assert find_heads("t", "eagle", cache=tmp_path) == eagle
+    monkeypatch.setenv(HEADS_ENV, str(eagle))
+    assert find_heads("t", "medusa", cache=tmp_path) == big_old  # none listed of the kind: the cache's
+    monkeypatch.setenv(HEADS_ENV, str(tmp_path / "absent"))
+    with pytest.raises(FileNotFoundError, match=rf"\${HEADS_ENV} lists .*absent, which holds no training result"):
+        find_heads("t", "medusa", cache=tmp_path)
 
 
 def test_cache_keys(corpus):
@@ -524,10 +600,26 @@ def test_registry_builds_head_drafters(tiny_pair, trained):
     assert build_drafter("medusa", tiny_pair).name == "medusa(n=21,d=4)"
     assert build_drafter("medusa-2x1", tiny_pair).name == "medusa(n=4,d=2)"
     assert build_drafter("medusa-k2-d2-n5", tiny_pair).shape.budget == 5
+    ranks = [h["rank_accuracy"] for h in trained["medusa"].validation["heads"]]
+    assert build_drafter("medusa-n6", tiny_pair).shape == medusa_tree(ranks, 6)
     assert build_drafter("eagle", tiny_pair).name == "eagle(k=4,d=5,n=16)"
     assert build_drafter("eagle-k2-d3-n5", tiny_pair).name == "eagle(k=2,d=3,n=5)"
     chain3 = build_drafter("eagle-chain-k3", tiny_pair)
     assert chain3.name == "eagle-chain(k=3)" and chain3.topk == 1
+    # the EAGLE head drafts in a half-precision target's dtype, and as trained (fp32) otherwise
+    assert chain3.heads.fc.weight.dtype == torch.float32
+    half = make_tiny_pair(dtype="bf16")
+    assert build_drafter("eagle-k2-d2-n4", half).heads.fc.weight.dtype == torch.bfloat16
+
+
+def test_medusa_budget_trees_need_validation_results(tiny_pair, corpus, tmp_path, monkeypatch):
+    result = train_heads("medusa", tiny_pair.target, corpus, steps=2, out_dir=tmp_path / "r", features=tmp_path / "f",
+                         config=HeadConfig(n_heads=2, window=16, batch_size=2, validation=0.0), progress=False)
+    assert result.validation is None
+    monkeypatch.setenv(HEADS_ENV, str(result.path))
+    assert build_drafter("medusa-2x1", tiny_pair).name == "medusa(n=4,d=2)"  # the listed heads
+    with pytest.raises(ValueError, match="record no validation results"):
+        build_drafter("medusa-n4", tiny_pair)
 
 
 # -- command line ---------------------------------------------------------------------------------
@@ -542,6 +634,7 @@ def test_cli_tiny_train_and_info(tmp_path, cache, capsys):
     assert main(["info", str(out)]) == 0
     text = capsys.readouterr().out
     assert "kind: medusa" in text and "step: 2" in text and "finished: True" in text
+    assert "validation: 1 sequences" in text and "  head 2: top-1 " in text  # one of the two prompts held out
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -556,6 +649,7 @@ def test_cli_tiny_train_and_info(tmp_path, cache, capsys):
     (["train", "--kind", "medusa", "--tiny", "--steps", "1", "--decode-batch", "0"], "--decode-batch must be > 0"),
     (["train", "--kind", "medusa", "--tiny", "--steps", "1", "--tasks", "-2"], "--tasks must be >= 0"),
     (["train", "--kind", "medusa", "--tiny", "--steps", "1", "--tasks", "0", "--prompts", "0"], "no training prompts"),
+    (["train", "--kind", "medusa", "--tiny", "--steps", "1", "--validation", "1.5"], "validation must be a share"),
     (["info", "/nonexistent/heads"], "no training result at /nonexistent/heads"),
     ([], "give a command"),
 ])

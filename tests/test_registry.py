@@ -68,8 +68,9 @@ def test_parsed_parameters_and_defaults():
     assert parse_strategy("adaptive-heuristic").param("schedule") == "heuristic"
     assert parse_strategy("self-spec").arguments() == {"n_layers": None, "k": 4}
     assert parse_strategy("medusa").arguments() == {"branching": (3, 2, 1, 1), "width": None, "depth": None,
-                                                    "budget": None}
+                                                    "budget": None, "tree_budget": None}
     assert parse_strategy("medusa-k2-d3-n6").params == (("width", 2), ("depth", 3), ("budget", 6))
+    assert parse_strategy("medusa-n6").params == (("tree_budget", 6),)
     assert parse_strategy("eagle").arguments() == {"topk": 4, "depth": 5, "budget": 16}
     assert parse_strategy("eagle-chain-k3").family == "eagle-chain"
     assert parse_strategy("eagle-chain").arguments() == {"k": 4}

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib.util
+import json
 import math
 import os
 import re
@@ -110,6 +111,9 @@ def _e2e_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup-tokens", type=int, default=16, help="tokens of each method's warm-up run (default 16)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads (default: torch's own choice, left unchanged; recorded either way)")
+    p.add_argument("--heads", nargs="+", default=None, metavar="DIR",
+                   help="trained-heads result directories the medusa / eagle methods draft with, one per kind "
+                        "(default: $SPECVIZ_HEADS, else the cached result trained on the most data)")
     return p
 
 
@@ -154,6 +158,20 @@ def _check_args(args: argparse.Namespace) -> list[MethodSpec]:
                           "--list-methods and the specviz.bench.llama docstring for the build commands)")
     if llama and args.models == "tiny":
         raise _UsageError(f"methods {llama} run the built-in pair's GGUF files, not --models tiny")
+    if args.heads:
+        from specviz.heads.training import HEADS_ENV
+
+        kinds = {}
+        for entry in args.heads:
+            meta = Path(entry).expanduser() / "meta.json"
+            try:
+                kind = json.loads(meta.read_text())["kind"]
+            except (OSError, ValueError, KeyError, TypeError):
+                raise _UsageError(f"--heads: {entry} holds no trained heads (no readable {meta})") from None
+            if kind in kinds:
+                raise _UsageError(f"--heads: {kinds[kind]} and {entry} are both {kind} heads; give one per kind")
+            kinds[kind] = entry
+        args.heads_env = (HEADS_ENV, os.pathsep.join(str(Path(e).expanduser().resolve()) for e in args.heads))
     return specs
 
 
@@ -250,7 +268,23 @@ def _e2e(argv: list[str]) -> int:
     if args.list_methods:
         print("methods:\n" + _grammar_text())
         return 0
+    args.heads_env = None
     specs = _check_args(args)
+    if args.heads_env is None:
+        return _run(args, specs)
+    name, value = args.heads_env
+    before = os.environ.get(name)
+    os.environ[name] = value  # read by the head strategies' builders (specviz.heads.find_heads)
+    try:
+        return _run(args, specs)
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
+def _run(args: argparse.Namespace, specs: list[MethodSpec]) -> int:
     from specviz.study.prompts import load_prompts
 
     try:
@@ -328,6 +362,16 @@ def _measure(args, specs: list[MethodSpec], prompts, rounds, existing: pd.DataFr
         pair = _load_models(args)
         print(f"models: {pair.target.name} (target), {pair.draft.name} (draft), loaded in "
               f"{time.perf_counter() - t0:.1f}s")
+        kinds = sorted({"medusa" if s.family == "medusa" else "eagle" for s in specs
+                        if s.family in ("medusa", "eagle", "eagle-chain")})
+        if kinds:
+            from specviz.heads.training import find_heads
+
+            for kind in kinds:
+                try:
+                    print(f"{kind} heads: {find_heads(pair.target.name, kind)}")
+                except FileNotFoundError as exc:
+                    raise _UsageError(str(exc)) from None
         try:
             drafters = {s.name: build_drafter(s, pair) for s in specs if s.is_strategy}
         except (ValueError, TypeError) as exc:

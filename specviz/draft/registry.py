@@ -21,6 +21,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+import torch
+
 from specviz.draft.adaptive import AdaptiveChainDrafter
 from specviz.draft.base import Drafter
 from specviz.draft.lookahead import JacobiDrafter, LookaheadDrafter
@@ -169,10 +171,14 @@ def _tree(pair, a: dict[str, Any]) -> Drafter:
 
 
 def _medusa(pair, a: dict[str, Any]) -> Drafter:
-    from specviz.heads.drafters import MedusaDrafter
-    from specviz.heads.training import load_cached_heads
+    from specviz.heads.drafters import MedusaDrafter, medusa_tree
+    from specviz.heads.training import find_heads, heads_validation, load_heads
 
-    heads = load_cached_heads(pair.target, "medusa")
+    path = find_heads(pair.target.name, "medusa")
+    heads = load_heads(path, pair.target)
+    if a["tree_budget"] is not None:  # the best tree of that many nodes for the heads' validation accuracy
+        ranks = [h["rank_accuracy"] for h in heads_validation(path)["heads"]]
+        return MedusaDrafter(pair.target, heads, medusa_tree(ranks, a["tree_budget"]))
     if a["width"] is not None:
         return MedusaDrafter(pair.target, heads, budgeted_kary(a["width"], a["depth"], a["budget"]))
     return MedusaDrafter(pair.target, heads, expansion(list(a["branching"])))
@@ -183,9 +189,11 @@ def _eagle(pair, a: dict[str, Any]) -> Drafter:
     from specviz.heads.training import load_cached_heads
 
     head = load_cached_heads(pair.target, "eagle")
+    # the head drafts in the target's half-precision dtype (half the bytes per forward), else as trained
+    dtype = pair.target.model.dtype if pair.target.model.dtype in (torch.bfloat16, torch.float16) else None
     if a.get("k") is not None:  # a chain
-        return EagleDrafter(pair.target, head, topk=1, depth=a["k"], budget=a["k"])
-    return EagleDrafter(pair.target, head, topk=a["topk"], depth=a["depth"], budget=a["budget"])
+        return EagleDrafter(pair.target, head, topk=1, depth=a["k"], budget=a["k"], dtype=dtype)
+    return EagleDrafter(pair.target, head, topk=a["topk"], depth=a["depth"], budget=a["budget"], dtype=dtype)
 
 
 def _self_spec(pair, a: dict[str, Any]) -> Drafter:
@@ -235,15 +243,18 @@ STRATEGIES: tuple[Strategy, ...] = (
     Strategy("self-spec", "self-spec[-L<LAYERS>][-k<K>]", r"self-spec(?:-L(\d+))?(?:-k(\d+))?",
              (Param("n_layers"), Param("k", 4)),
              "target's first LAYERS layers draft a chain of K (default half the layers, k4)", "chain", _self_spec),
-    Strategy("medusa", "medusa[-<B1>x<B2>x...|-k<W>-d<D>-n<N>]", r"medusa(?:-(\d+(?:x\d+)*)|-k(\d+)-d(\d+)-n(\d+))?",
-             (Param("branching", (3, 2, 1, 1), "ints"), Param("width"), Param("depth"), Param("budget")),
+    Strategy("medusa", "medusa[-<B1>x<B2>x...|-k<W>-d<D>-n<N>|-n<N>]",
+             r"medusa(?:-(\d+(?:x\d+)*)|-k(\d+)-d(\d+)-n(\d+)|-n(\d+))?",
+             (Param("branching", (3, 2, 1, 1), "ints"), Param("width"), Param("depth"), Param("budget"),
+              Param("tree_budget")),
              "Medusa heads trained for the target (python -m specviz.heads train --kind medusa): head D's top "
-             "B_D candidates at depth D, or the first N nodes of the W-ary tree of depth D (default 3x2x1x1)",
-             "topk", _medusa),
+             "B_D candidates at depth D, the first N nodes of the W-ary tree of depth D, or (-n<N>) the tree of N "
+             "nodes with the most expected accepted tokens for the heads' accuracy by rank on their validation "
+             "split (default 3x2x1x1)", "topk", _medusa),
     Strategy("eagle", "eagle[-k<TOPK>-d<DEPTH>-n<BUDGET>]", r"eagle(?:-k(\d+)-d(\d+)-n(\d+))?",
              (Param("topk", 4), Param("depth", 5), Param("budget", 16)),
              "EAGLE-2 dynamic tree of a feature head trained for the target (python -m specviz.heads train "
-             "--kind eagle; default k4-d5-n16)", "topk", _eagle),
+             "--kind eagle; default k4-d5-n16; the head drafts in a bf16 / fp16 target's dtype)", "topk", _eagle),
     Strategy("eagle-chain", "eagle-chain[-k<K>]", r"eagle-chain(?:-k(\d+))?", (Param("k", 4),),
              "chain of K tokens of the trained EAGLE feature head (default k4)", "topk", _eagle),
 )

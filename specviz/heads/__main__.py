@@ -64,6 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--batch", type=int, default=8, metavar="B", help="windows per step (default 8)")
     t.add_argument("--window", type=int, default=128, metavar="W", help="positions per window (default 128)")
     t.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 1e-3)")
+    t.add_argument("--validation", type=float, default=0.1, metavar="SHARE",
+                   help="share of the sequences held out to pick the best weights and measure them (default 0.1; "
+                        "0 for none)")
     t.add_argument("--seed", type=int, default=0, help="prompt choice, sampling and initialisation seed")
     t.add_argument("--dtype", default="fp32", help="weight mode of the target (default fp32)")
     t.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -106,7 +109,7 @@ def _train(args) -> int:
     if prompts + tasks == 0 and args.spec_bench is None:
         raise _UsageError("no training prompts: --prompts and --tasks are both 0 and there is no --spec-bench")
     config = HeadConfig(n_heads=args.heads, vocab=args.vocab, lr=args.lr, batch_size=args.batch, window=args.window,
-                        seed=args.seed)
+                        seed=args.seed, validation=args.validation)
     target = tiny_pair(seed=0).target if args.tiny else load_model(args.target, args.dtype)
     if args.vocab is not None and args.vocab > target.vocab_size:
         raise _UsageError(f"--vocab {args.vocab} is larger than {target.name}'s vocabulary ({target.vocab_size})")
@@ -123,8 +126,10 @@ def _train(args) -> int:
     print(f"corpus: {len(corpus)} sequences, {corpus.tokens} tokens, sha256 {corpus.sha256[:16]}", file=sys.stderr)
     result = train_heads(args.kind, target, corpus, minutes=args.minutes, steps=args.steps, out_dir=args.out,
                          config=config, progress=not args.no_progress)
+    val = result.validation
     print(f"{args.kind} heads for {target.name}: {result.step} steps, loss {result.loss:.4f}, "
-          f"top-1 {result.accuracy:.3f} -> {result.path}")
+          f"top-1 {result.accuracy:.3f}" + (f"; validation top-1 {val['top1']:.3f} (best step {val['best_step']})"
+                                             if val else "") + f" -> {result.path}")
     return 0
 
 
@@ -141,6 +146,12 @@ def _info(args) -> int:
             print(f"{key}: {meta[key]}")
     config = meta.get("config") or {}
     print("config: " + ", ".join(f"{k}={v}" for k, v in sorted(config.items())))
+    val = meta.get("validation")
+    if val:
+        print(f"validation: {val['sequences']} sequences, {val['tokens']} tokens; best step {val['best_step']}, "
+              f"loss {val['loss']:.4f}, top-1 {val['top1']:.3f}")
+        for h in val.get("heads", []):
+            print(f"  head {h['head']}: top-1 {h['top1']:.3f}, top-5 {h['top5']:.3f} ({h['positions']} positions)")
     return 0
 
 

@@ -12,8 +12,10 @@
   <kind>-<weight mode>-c<config hash>-d<data hash>`` under the specviz cache (``$SPECVIZ_CACHE`` or
   ``~/.cache/specviz``);
 * :func:`load_heads` - a trained module back, checked against the target;
-  :func:`find_heads` / :func:`load_cached_heads` - the newest finished result of a kind
-  for a target (what the registry's ``medusa`` and ``eagle`` strategies use);
+  :func:`find_heads` / :func:`load_cached_heads` - the result of a kind for a target
+  that the registry's ``medusa`` and ``eagle`` strategies use (``$SPECVIZ_HEADS``, else
+  the cached one trained on the most data); :func:`heads_validation` - what a run
+  measured on its validation split;
 * :func:`head_accuracy` - top-1 / top-k accuracy of every Medusa head.
 
 A result directory holds ``checkpoint.pt`` (weights, optimizer, sampler state, step,
@@ -42,7 +44,7 @@ import os
 import re
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -64,9 +66,12 @@ __all__ = [
     "heads_dir",
     "features_dir",
     "train_heads",
+    "validation_split",
     "draft_vocab",
     "load_heads",
     "find_heads",
+    "heads_validation",
+    "HEADS_ENV",
     "load_cached_heads",
     "train_command",
     "head_accuracy",
@@ -100,6 +105,13 @@ class HeadConfig:
             :data:`~specviz.heads.features.FEATURE_DTYPES`).
         vocab_fill: fill a reduced vocabulary beyond the data's distinct tokens with the
             tokenizer's first ids (``reduced_vocab(..., fill_to=...)``).
+        validation: share of the data's sequences held out of training (picked with
+            ``seed``; at least one when the share is > 0 and the data has two or more).
+            Every ``eval_every`` steps and at the end, the loss and top-1 accuracy on them
+            are measured; the result keeps the weights of the lowest validation loss (early
+            stopping) and records, for Medusa, every head's accuracy by rank on them
+            (what the registry's ``medusa-n<N>`` trees are chosen from). 0 = no split.
+        eval_every: optimizer steps between validation passes.
         checkpoint_minutes: minutes between checkpoints (not part of the result's key).
     """
 
@@ -117,6 +129,8 @@ class HeadConfig:
     seed: int = 0
     feature_dtype: str = "float16"
     vocab_fill: bool = True
+    validation: float = 0.1
+    eval_every: int = 25
     checkpoint_minutes: float = field(default=5.0, compare=False)
 
     def __post_init__(self) -> None:
@@ -126,6 +140,10 @@ class HeadConfig:
         check_int("batch_size", self.batch_size)
         check_int("window", self.window)
         check_int("seed", self.seed, 0)
+        check_int("eval_every", self.eval_every)
+        if (isinstance(self.validation, bool) or not isinstance(self.validation, (int, float))
+                or not 0 <= self.validation < 1):
+            raise ValueError(f"validation must be a share in [0, 1), got {self.validation!r}")
         for name in ("lr", "weight_decay", "head_decay", "regression_weight", "classification_weight", "noise",
                      "grad_clip", "checkpoint_minutes"):
             value = getattr(self, name)
@@ -159,7 +177,13 @@ class TrainResult:
         loss: mean loss of the last steps (nan before the first step).
         accuracy: mean top-1 accuracy of the last steps.
         finished: the step / time budget was reached (False after an interruption).
-        history: ``(step, loss, accuracy)`` of every step.
+        history: ``(step, loss, accuracy)`` of every step (accuracy: top-1 of the first
+            drafted token, Medusa's head 1 or the EAGLE head's next token).
+        validation: None without a validation split; else what ``meta.json`` records
+            under ``"validation"``: ``sequences``, ``tokens``, ``best_step`` (whose weights
+            ``heads`` holds), ``loss``, ``top1``, ``history`` (``[step, loss, top1]`` of
+            every pass) and, for Medusa, ``heads`` (per head: ``top1``, ``top5``,
+            ``rank_accuracy`` of ranks 1-5, ``positions``).
     """
 
     path: Path
@@ -169,6 +193,7 @@ class TrainResult:
     accuracy: float
     finished: bool
     history: list[tuple[int, float, float]]
+    validation: dict | None = None
 
 
 def _slug(name: str) -> str:
@@ -299,7 +324,8 @@ def _eagle_batch(features: list[torch.Tensor], data: Corpus, wins) -> tuple[torc
 
 
 def _medusa_loss(heads: MedusaHeads, feats: torch.Tensor, labels: torch.Tensor,
-                 decay: float) -> tuple[torch.Tensor, float]:
+                 decay: float) -> tuple[torch.Tensor, int, int]:
+    """The decay-weighted cross-entropy of the heads, and head 1's right guesses and labels."""
     device = heads.blocks[0].weight.device
     states = heads.states(feats.to(device))  # (B, W, K, H)
     labels = heads.label_index(labels.to(device))  # (B, W, K)
@@ -313,17 +339,19 @@ def _medusa_loss(heads: MedusaHeads, feats: torch.Tensor, labels: torch.Tensor,
         weight = decay ** k
         total = total + weight * F.cross_entropy(logits, lab, ignore_index=-100)
         weights += weight
-        correct += int((logits.argmax(-1) == lab).sum())
-        counted += count
+        if k == 0:
+            correct, counted = int((logits.argmax(-1) == lab).sum()), count
     if not weights:
-        return torch.zeros((), device=device, requires_grad=True), float("nan")
-    return total / weights, correct / counted
+        return torch.zeros((), device=device, requires_grad=True), 0, 0
+    return total / weights, correct, counted
 
 
-def _eagle_loss(head: EagleHead, batch, config: HeadConfig, generator: torch.Generator
-                ) -> tuple[torch.Tensor, float]:
+def _eagle_loss(head: EagleHead, batch, config: HeadConfig, generator: torch.Generator | None
+                ) -> tuple[torch.Tensor, int, int]:
+    """The EAGLE loss, and the right next-token guesses and labels (no input noise
+    without a generator)."""
     inputs, tokens, positions, valid, targets, labels = batch
-    if config.noise > 0:
+    if config.noise > 0 and generator is not None:
         rms = inputs.pow(2).mean(-1, keepdim=True).sqrt()  # (B, W, 1)
         inputs = inputs + (torch.rand(inputs.shape, generator=generator) * 2 - 1) * config.noise * rms
     device = head.fc.weight.device
@@ -334,10 +362,48 @@ def _eagle_loss(head: EagleHead, batch, config: HeadConfig, generator: torch.Gen
     loss = config.regression_weight * reg
     count = int((lab != -100).sum())
     if count == 0:
-        return loss, float("nan")
+        return loss, 0, 0
     logits = head.scores(pred).reshape(lab.numel(), -1)  # (B * W, V)
     loss = loss + config.classification_weight * F.cross_entropy(logits, lab, ignore_index=-100)
-    return loss, int((logits.argmax(-1) == lab).sum()) / count
+    return loss, int((logits.argmax(-1) == lab).sum()), count
+
+
+def validation_split(n_sequences: int, share: float, seed: int) -> tuple[int, ...]:
+    """The indices (sorted) of the sequences :func:`train_heads` holds out: ``round(share
+    x n)`` of them, at least one and never all, drawn with ``seed``; none when ``share``
+    is 0 or there is a single sequence."""
+    check_int("n_sequences", n_sequences)
+    if share <= 0 or n_sequences < 2:
+        return ()
+    count = min(max(round(share * n_sequences), 1), n_sequences - 1)
+    order = torch.randperm(n_sequences, generator=torch.Generator().manual_seed(seed + 7919))
+    return tuple(sorted(order[:count].tolist()))
+
+
+@torch.no_grad()
+def _validate(kind: str, module, feats: list[torch.Tensor], data: Corpus, held: Sequence[int],
+              firsts: list[int], cfg: HeadConfig) -> tuple[float, float]:
+    """Loss (mean over windows, weighted by their positions) and top-1 accuracy of the
+    first drafted token on the held-out sequences, every position covered once."""
+    wins = [(s, a, min(a + cfg.window, len(data.sequences[s]) - 1))
+            for s in held for a in range(firsts[s], len(data.sequences[s]) - 1, cfg.window)]
+    was_training = module.training
+    module.eval()
+    total, positions, correct, counted = 0.0, 0, 0, 0
+    quiet = replace(cfg, noise=0.0)
+    for i in range(0, len(wins), cfg.batch_size):
+        batch = wins[i:i + cfg.batch_size]
+        if kind == "medusa":
+            loss, right, count = _medusa_loss(module, *_medusa_batch(feats, data, cfg.n_heads, batch), cfg.head_decay)
+        else:
+            loss, right, count = _eagle_loss(module, _eagle_batch(feats, data, batch), quiet, None)
+        n = sum(b - a for _, a, b in batch)
+        total += float(loss) * n
+        positions += n
+        correct += right
+        counted += count
+    module.train(was_training)
+    return (total / positions if positions else float("nan")), (correct / counted if counted else float("nan"))
 
 
 # -- checkpoints -----------------------------------------------------------------------------
@@ -375,7 +441,11 @@ def train_heads(kind: str, target: LoadedModel, data: Corpus, *, minutes: float 
     default :func:`features_dir`); then AdamW runs until ``steps`` optimizer steps or
     ``minutes`` of training (in total over every call on this directory) are done,
     whichever comes first. Interrupting it (Ctrl-C) writes a checkpoint before the
-    ``KeyboardInterrupt`` propagates; the same call again resumes.
+    ``KeyboardInterrupt`` propagates; the same call again resumes. With
+    ``config.validation`` > 0 a share of the sequences is held out
+    (:func:`validation_split`): the weights returned (and loaded by :func:`load_heads`)
+    are those of the lowest validation loss, and ``meta.json`` records the validation
+    results.
 
     Args:
         kind: "medusa" or "eagle".
@@ -424,7 +494,8 @@ def train_heads(kind: str, target: LoadedModel, data: Corpus, *, minutes: float 
     params = [p for p in module.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     generator = torch.Generator().manual_seed(cfg.seed)
-    step, elapsed, history = 0, 0.0, []
+    step, elapsed, history, val_history = 0, 0.0, [], []
+    best: dict = {}  # step, loss and state of the lowest validation loss so far
     ckpt = out / "checkpoint.pt"
     if ckpt.exists():
         saved = torch.load(ckpt, map_location="cpu", weights_only=True)
@@ -433,14 +504,19 @@ def train_heads(kind: str, target: LoadedModel, data: Corpus, *, minutes: float 
         generator.set_state(saved["generator"])
         step, elapsed = int(saved["step"]), float(saved["elapsed_s"])
         history = [tuple(h) for h in saved["history"]]
+        val_history = [tuple(h) for h in saved.get("val_history", [])]
+        best = saved.get("best") or {}
 
     def done(now_elapsed: float) -> bool:
         return (steps is not None and step >= steps) or (minutes is not None and now_elapsed >= minutes * 60)
 
     if done(elapsed):  # a finished run: nothing to extract or train
+        if best:
+            module.load_state_dict(best["state"])
         module.eval()
         loss, acc = _recent(history)
-        return TrainResult(out, module, step, loss, acc, True, history)
+        finished_meta = json.loads((out / "meta.json").read_text()) if (out / "meta.json").exists() else {}
+        return TrainResult(out, module, step, loss, acc, True, history, finished_meta.get("validation"))
 
     feat_dir = Path(features) if features is not None else features_dir(target.name, data.sha256,
                                                                              weight_mode=target.weight_mode)
@@ -456,14 +532,27 @@ def train_heads(kind: str, target: LoadedModel, data: Corpus, *, minutes: float 
         weights = [float(n - 1) for n in lengths]
     if not any(weights):
         raise ValueError("the data has no continuation tokens to learn from (every sequence is all prompt)")
+    held = validation_split(len(data), cfg.validation, cfg.seed)
+    weights = [0.0 if i in held else w for i, w in enumerate(weights)]
+    if not any(weights):
+        raise ValueError("the sequences left for training after the validation split have no continuation tokens; "
+                         "lower validation or add data")
 
-    def save(finished: bool, now_elapsed: float) -> None:
+    def save(finished: bool, now_elapsed: float, validation: dict | None = None) -> None:
         loss, acc = _recent(history)
         payload = {"format": _FORMAT, "meta": meta, "state": module.state_dict(), "optimizer": optimizer.state_dict(),
                    "generator": generator.get_state(), "step": step, "elapsed_s": now_elapsed,
-                   "history": [list(h) for h in history]}
+                   "history": [list(h) for h in history], "val_history": [list(h) for h in val_history],
+                   "best": best}
+        extra = {"validation": validation} if validation is not None else {}
         _save(out, payload, {**meta, "step": step, "elapsed_s": round(now_elapsed, 3), "loss": loss,
-                             "accuracy": acc, "finished": finished, "updated": time.time()})
+                             "accuracy": acc, "finished": finished, "updated": time.time(), **extra})
+
+    def evaluate() -> None:
+        loss, acc = _validate(kind, module, feats, data, held, firsts, cfg)
+        val_history.append((step, loss, acc))
+        if not best or loss < best["loss"]:
+            best.update(step=step, loss=loss, state={k: v.detach().clone() for k, v in module.state_dict().items()})
 
     start = time.monotonic()
     last_save = start
@@ -476,9 +565,10 @@ def train_heads(kind: str, target: LoadedModel, data: Corpus, *, minutes: float 
             at_start = generator.get_state()  # restored if this step is interrupted
             wins = _windows(lengths, firsts, weights, cfg.batch_size, cfg.window, generator)
             if kind == "medusa":
-                loss, acc = _medusa_loss(module, *_medusa_batch(feats, data, cfg.n_heads, wins), cfg.head_decay)
+                loss, right, count = _medusa_loss(module, *_medusa_batch(feats, data, cfg.n_heads, wins),
+                                                  cfg.head_decay)
             else:
-                loss, acc = _eagle_loss(module, _eagle_batch(feats, data, wins), cfg, generator)
+                loss, right, count = _eagle_loss(module, _eagle_batch(feats, data, wins), cfg, generator)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.grad_clip > 0:
@@ -486,9 +576,12 @@ def train_heads(kind: str, target: LoadedModel, data: Corpus, *, minutes: float 
             optimizer.step()
             step += 1
             at_start = None
-            history.append((step, float(loss.detach()), acc))
+            history.append((step, float(loss.detach()), right / count if count else float("nan")))
+            if held and step % cfg.eval_every == 0:
+                evaluate()
             bar.update(1)
-            bar.set_postfix(loss=f"{history[-1][1]:.3f}", acc=f"{acc:.3f}", refresh=False)
+            bar.set_postfix(loss=f"{history[-1][1]:.3f}", acc=f"{history[-1][2]:.3f}", refresh=False,
+                            **({"val_acc": f"{val_history[-1][2]:.3f}"} if val_history else {}))
             if time.monotonic() - last_save >= cfg.checkpoint_minutes * 60:
                 save(False, elapsed + time.monotonic() - start)
                 last_save = time.monotonic()
@@ -502,10 +595,38 @@ def train_heads(kind: str, target: LoadedModel, data: Corpus, *, minutes: float 
         raise
     bar.close()
     elapsed += time.monotonic() - start
-    save(True, elapsed)
+    validation = None
+    if held:
+        if not val_history or val_history[-1][0] != step:
+            evaluate()
+        validation = _validation_summary(kind, module, best, val_history, feats, data, held)
+    save(True, elapsed, validation)
+    if best:
+        module.load_state_dict(best["state"])
     module.eval()
     loss, acc = _recent(history)
-    return TrainResult(out, module, step, loss, acc, True, history)
+    return TrainResult(out, module, step, loss, acc, True, history, validation)
+
+
+def _validation_summary(kind: str, module, best: dict, val_history: list, feats: list[torch.Tensor], data: Corpus,
+                        held: Sequence[int]) -> dict:
+    """What ``meta.json`` records of the validation split (the best weights' accuracy
+    by Medusa head and rank included)."""
+    out = {"sequences": len(held), "tokens": sum(len(data.sequences[s]) for s in held),
+           "best_step": int(best["step"]), "loss": float(best["loss"]),
+           "top1": next(float(a) for s, _, a in val_history if s == best["step"]),
+           "history": [[int(s), float(l_), float(a)] for s, l_, a in val_history]}
+    if kind == "medusa":
+        current = {k: v.detach().clone() for k, v in module.state_dict().items()}
+        module.load_state_dict(best["state"])
+        table = head_accuracy(module, [feats[s] for s in held], [data.sequences[s] for s in held], k=5,
+                              start=[data.prompt_lengths[s] for s in held], by_rank=True)
+        module.load_state_dict(current)
+        ranks = sorted((c for c in table.columns if c.startswith("rank_")), key=lambda c: int(c.split("_")[1]))
+        out["heads"] = [{"head": int(r["head"]), "top1": float(r["top1"]), "top5": float(r["top5"]),
+                         "rank_accuracy": [float(r[c]) for c in ranks], "positions": int(r["positions"])}
+                        for _, r in table.iterrows()]
+    return out
 
 
 # -- loading ---------------------------------------------------------------------------------
@@ -521,7 +642,9 @@ def _resolve(path_or_key: str | os.PathLike) -> Path:
 
 
 def load_heads(path_or_key: str | os.PathLike, target: LoadedModel) -> torch.nn.Module:
-    """A trained head module, checked against ``target``, in eval mode on its device.
+    """A trained head module, checked against ``target``, in eval mode on its device: the
+    weights of the lowest validation loss when the run held out a validation split, else
+    the last ones.
 
     Args:
         path_or_key: a result directory, its ``checkpoint.pt``, or a directory relative to
@@ -552,20 +675,41 @@ def load_heads(path_or_key: str | os.PathLike, target: LoadedModel) -> torch.nn.
                              f"{wanted[key]}")
     if kind not in KINDS:
         raise ValueError(f"{ckpt} holds heads of unknown kind {kind!r}; known kinds: {', '.join(KINDS)}")
-    state = saved["state"]
+    state = (saved.get("best") or {}).get("state") or saved["state"]  # early stopping's weights, if any
     module = _build(kind, target, int(meta.get("n_heads") or 1), state.get("vocab_map"), 0)
     module.load_state_dict(state)
     module.eval()
     return module
 
 
+#: environment variable naming the result directories the registry's head strategies use
+HEADS_ENV = "SPECVIZ_HEADS"
+
+
 def find_heads(target_name: str, kind: str, cache: str | os.PathLike | None = None) -> Path:
-    """The newest finished ``kind`` result for ``target_name`` in the specviz cache.
+    """The ``kind`` result for ``target_name`` that the registry's strategies draft with.
+
+    The result directories listed in ``$SPECVIZ_HEADS`` (separated by ``os.pathsep``;
+    ``python -m specviz.bench --heads DIR ...`` sets it) come first: the first one of
+    this kind for this target is used. Otherwise, among the finished results in the
+    specviz cache: the one trained on the most data tokens, the newest of those (so the
+    small runs of a notebook's defaults do not displace a real training run).
 
     Raises:
-        FileNotFoundError: none is cached; the message gives the command that trains one.
+        FileNotFoundError: a listed directory holds no training result, or none is cached
+            (the message gives the command that trains one).
     """
     check_choice("kind", kind, KINDS)
+    for entry in filter(None, os.environ.get(HEADS_ENV, "").split(os.pathsep)):
+        path = Path(entry).expanduser()
+        meta_path = (path.parent if path.is_file() else path) / "meta.json"
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, json.JSONDecodeError):
+            raise FileNotFoundError(f"${HEADS_ENV} lists {entry}, which holds no training result (no readable "
+                                    f"{meta_path})") from None
+        if meta.get("kind") == kind and meta.get("target") == target_name:
+            return meta_path.parent
     folder = _root(cache) / _slug(target_name)
     found = []
     for meta_path in folder.glob(f"{kind}-*/meta.json"):
@@ -574,11 +718,29 @@ def find_heads(target_name: str, kind: str, cache: str | os.PathLike | None = No
         except (OSError, json.JSONDecodeError):
             continue
         if meta.get("finished") and meta.get("target") == target_name and meta.get("kind") == kind:
-            found.append((float(meta.get("updated", 0.0)), meta_path.parent))
+            found.append((int(meta.get("data_tokens") or 0), float(meta.get("updated", 0.0)), str(meta_path.parent)))
     if not found:
         raise FileNotFoundError(f"no trained {kind} heads for target {target_name!r} in {folder}; train them "
                                 f"with: {train_command(kind, target_name)}")
-    return max(found)[1]
+    return Path(max(found)[2])
+
+
+def heads_validation(path: str | os.PathLike) -> dict:
+    """The validation results a training run recorded (``TrainResult.validation``).
+
+    Raises:
+        FileNotFoundError: no ``meta.json`` at ``path``.
+        ValueError: the run held out no validation split (or has not finished).
+    """
+    path = _resolve(path)
+    meta_path = (path.parent if path.is_file() else path) / "meta.json"
+    if not meta_path.exists():
+        raise FileNotFoundError(f"no training result at {path} (missing {meta_path})")
+    meta = json.loads(meta_path.read_text())
+    if not meta.get("validation"):
+        raise ValueError(f"the heads in {meta_path.parent} record no validation results (trained without a "
+                         "validation split, or unfinished); retrain them with HeadConfig(validation > 0), the default")
+    return meta["validation"]
 
 
 def load_cached_heads(target: LoadedModel, kind: str) -> torch.nn.Module:
