@@ -243,3 +243,15 @@ def test_heads_option_picks_the_heads_the_head_methods_use(prompts_file, tmp_pat
     rows = bench.load_results(out)
     assert set(rows["method"]) == {"plain", "medusa-2x1", "medusa-n3"} and rows["matches_plain"].all()
     assert HEADS_ENV not in os.environ  # the option does not outlive the run
+    head_rows = rows[rows["method"] != "plain"]
+    assert head_rows["drafter"].str.endswith(f" heads={result.path.name}").all()
+    # other heads do not resume into rows drafted by these ones
+    other = train_heads("medusa", tiny_pair.target, Corpus.from_sequences(seqs, [4, 4, 4]), steps=2,
+                        out_dir=tmp_path / "medusa-other", features=tmp_path / "f", progress=False,
+                        config=HeadConfig(n_heads=2, window=16, batch_size=2))
+    capsys.readouterr()
+    assert cli.main(_argv(prompts_file, out, "--heads", str(other.path), methods=("medusa-2x1",))) == 2
+    err = capsys.readouterr().err
+    assert f"holds medusa-2x1 rows drafted by ['medusa(n=4,d=2) heads={result.path.name}']" in err
+    assert "this run's heads are medusa-other" in err
+    assert cli.main(_argv(prompts_file, out, "--heads", str(result.path), methods=("medusa-2x1",))) == 0

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib.util
-import json
 import math
 import os
 import re
@@ -159,15 +158,14 @@ def _check_args(args: argparse.Namespace) -> list[MethodSpec]:
     if llama and args.models == "tiny":
         raise _UsageError(f"methods {llama} run the built-in pair's GGUF files, not --models tiny")
     if args.heads:
-        from specviz.heads.training import HEADS_ENV
+        from specviz.heads.training import HEADS_ENV, read_result_meta
 
         kinds = {}
         for entry in args.heads:
-            meta = Path(entry).expanduser() / "meta.json"
             try:
-                kind = json.loads(meta.read_text())["kind"]
-            except (OSError, ValueError, KeyError, TypeError):
-                raise _UsageError(f"--heads: {entry} holds no trained heads (no readable {meta})") from None
+                kind = read_result_meta(entry)[1]["kind"]
+            except FileNotFoundError as exc:
+                raise _UsageError(f"--heads: {entry} holds no trained heads ({exc})") from None
             if kind in kinds:
                 raise _UsageError(f"--heads: {kinds[kind]} and {entry} are both {kind} heads; give one per kind")
             kinds[kind] = entry
@@ -200,10 +198,31 @@ def _existing_rows(out: Path, fresh: bool) -> pd.DataFrame:
     return df
 
 
-def _check_resumable(existing: pd.DataFrame, expected: dict, out: Path, verifiers: dict[str, str]) -> None:
+def _heads_in_use(specs: list[MethodSpec], target: str) -> dict[str, str]:
+    """Each head strategy's trained-heads result directory name (what
+    :func:`specviz.bench.e2e.drafter_label` records), for the ones whose heads are found."""
+    from specviz.heads.training import find_heads
+
+    found = {}
+    for s in specs:
+        if s.family in _HEAD_FAMILIES:
+            try:
+                found[s.name] = find_heads(target, _HEAD_FAMILIES[s.family]).name
+            except FileNotFoundError:  # reported with the command that trains them when the models are loaded
+                pass
+    return found
+
+
+#: the registry's families that draft with trained heads, and the kind of heads each takes
+_HEAD_FAMILIES = {"medusa": "medusa", "eagle": "eagle", "eagle-chain": "eagle"}
+
+
+def _check_resumable(existing: pd.DataFrame, expected: dict, out: Path, verifiers: dict[str, str],
+                     heads: dict[str, str] | None = None) -> None:
     """Refuse to mix rows measured under other settings into one CSV: ``expected`` maps the
     run-wide columns (temperature, budget, seed, dtype, models, threads) to this run's
-    values, ``verifiers`` each method to its verification rule."""
+    values, ``verifiers`` each method to its verification rule, ``heads`` each head
+    strategy to the result directory of the heads it drafts with."""
     for col, want in expected.items():
         have = set(existing[col].dropna().unique())
         if have and have != {want}:
@@ -214,6 +233,12 @@ def _check_resumable(existing: pd.DataFrame, expected: dict, out: Path, verifier
         if have and have != {want}:
             raise _UsageError(f"{out} holds {method} rows verified with {sorted(have)}, this run uses "
                               f"{want!r}; pass --fresh or another --out")
+    for method, want in (heads or {}).items():
+        have = set(existing.loc[existing["method"] == method, "drafter"].fillna("").astype(str))
+        other = sorted(h for h in have if not h.endswith(f" heads={want}"))
+        if other:
+            raise _UsageError(f"{out} holds {method} rows drafted by {other}, this run's heads are {want}; "
+                              "pass --fresh or another --out")
 
 
 def _prefix_match(a: Sequence[int], b: Sequence[int]) -> int:
@@ -321,7 +346,7 @@ def _run(args: argparse.Namespace, specs: list[MethodSpec]) -> int:
     run = {"temperature": args.temperature, "max_new_tokens": args.max_new_tokens, "seed": args.seed,
            "dtype": dtype, "device": str(device), "target": names[0], "draft": names[1], "threads": torch.get_num_threads()}
     verifiers = {s.name: s.verifier(args.temperature, args.verifier) for s in specs}
-    _check_resumable(existing, run, out, verifiers)
+    _check_resumable(existing, run, out, verifiers, _heads_in_use(specs, names[0]))
 
     done = set(zip(existing["method"], existing["question_id"].astype(int), existing["repeat"].astype(int)))
     rounds = []  # (repeat, prompt index, methods still to run)
@@ -362,8 +387,7 @@ def _measure(args, specs: list[MethodSpec], prompts, rounds, existing: pd.DataFr
         pair = _load_models(args)
         print(f"models: {pair.target.name} (target), {pair.draft.name} (draft), loaded in "
               f"{time.perf_counter() - t0:.1f}s")
-        kinds = sorted({"medusa" if s.family == "medusa" else "eagle" for s in specs
-                        if s.family in ("medusa", "eagle", "eagle-chain")})
+        kinds = sorted({_HEAD_FAMILIES[s.family] for s in specs if s.family in _HEAD_FAMILIES})
         if kinds:
             from specviz.heads.training import find_heads
 

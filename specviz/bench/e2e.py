@@ -91,6 +91,7 @@ __all__ = [
     "BenchSummary",
     "parse_method",
     "run_method",
+    "drafter_label",
     "load_results",
     "summarize",
 ]
@@ -347,7 +348,15 @@ def run_method(spec: MethodSpec, pair, ids: list[int], *, max_new_tokens: int, t
     stats = summarize_steps(res.steps, new_tokens=res.n_new_tokens)
     return Generation(res.output_ids, wall, len(calls.fed), stats.n_steps, stats.drafted_tokens,
                       stats.accepted_tokens, res.stop_reason, stats.draft_time_s, stats.verify_time_s,
-                      drafter.name, verifier)
+                      drafter_label(drafter), verifier)
+
+
+def drafter_label(drafter) -> str:
+    """The benchmark's ``drafter`` column for a strategy's drafter: its name, plus the
+    trained heads' result directory for head drafters (``medusa(n=4,d=3)
+    heads=medusa-bf16-...``), so that rows of other heads are told apart."""
+    path = getattr(drafter, "heads_path", None)
+    return drafter.name if path is None else f"{drafter.name} heads={Path(path).name}"
 
 
 # -- results --------------------------------------------------------------------------------------

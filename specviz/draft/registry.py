@@ -178,22 +178,29 @@ def _medusa(pair, a: dict[str, Any]) -> Drafter:
     heads = load_heads(path, pair.target)
     if a["tree_budget"] is not None:  # the best tree of that many nodes for the heads' validation accuracy
         ranks = [h["rank_accuracy"] for h in heads_validation(path)["heads"]]
-        return MedusaDrafter(pair.target, heads, medusa_tree(ranks, a["tree_budget"]))
-    if a["width"] is not None:
-        return MedusaDrafter(pair.target, heads, budgeted_kary(a["width"], a["depth"], a["budget"]))
-    return MedusaDrafter(pair.target, heads, expansion(list(a["branching"])))
+        drafter = MedusaDrafter(pair.target, heads, medusa_tree(ranks, a["tree_budget"]))
+    elif a["width"] is not None:
+        drafter = MedusaDrafter(pair.target, heads, budgeted_kary(a["width"], a["depth"], a["budget"]))
+    else:
+        drafter = MedusaDrafter(pair.target, heads, expansion(list(a["branching"])))
+    drafter.heads_path = path
+    return drafter
 
 
 def _eagle(pair, a: dict[str, Any]) -> Drafter:
     from specviz.heads.drafters import EagleDrafter
-    from specviz.heads.training import load_cached_heads
+    from specviz.heads.training import find_heads, load_heads
 
-    head = load_cached_heads(pair.target, "eagle")
+    path = find_heads(pair.target.name, "eagle")
+    head = load_heads(path, pair.target)
     # the head drafts in the target's half-precision dtype (half the bytes per forward), else as trained
     dtype = pair.target.model.dtype if pair.target.model.dtype in (torch.bfloat16, torch.float16) else None
     if a.get("k") is not None:  # a chain
-        return EagleDrafter(pair.target, head, topk=1, depth=a["k"], budget=a["k"], dtype=dtype)
-    return EagleDrafter(pair.target, head, topk=a["topk"], depth=a["depth"], budget=a["budget"], dtype=dtype)
+        drafter = EagleDrafter(pair.target, head, topk=1, depth=a["k"], budget=a["k"], dtype=dtype)
+    else:
+        drafter = EagleDrafter(pair.target, head, topk=a["topk"], depth=a["depth"], budget=a["budget"], dtype=dtype)
+    drafter.heads_path = path
+    return drafter
 
 
 def _self_spec(pair, a: dict[str, Any]) -> Drafter:

@@ -19,7 +19,6 @@ import argparse
 import hashlib
 import json
 import sys
-from pathlib import Path
 from typing import Sequence
 
 __all__ = ["main"]
@@ -134,12 +133,10 @@ def _train(args) -> int:
 
 
 def _info(args) -> int:
-    path = Path(args.dir).expanduser()
-    meta_path = path.parent / "meta.json" if path.is_file() else path / "meta.json"
-    if not meta_path.exists():
-        raise FileNotFoundError(f"no training result at {path} (missing {meta_path})")
-    meta = json.loads(meta_path.read_text())
-    print(f"path: {meta_path.parent}")
+    from specviz.heads.training import read_result_meta
+
+    path, meta = read_result_meta(args.dir)
+    print(f"path: {path}")
     for key in ("kind", "target", "hidden_size", "vocab_size", "n_heads", "step", "elapsed_s", "loss", "accuracy",
                 "finished", "data_tokens", "data_sequences", "data_sha256", "config_hash"):
         if meta.get(key) is not None:

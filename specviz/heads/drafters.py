@@ -147,9 +147,14 @@ class _TargetFeatures:
 
 
 class _HeadDrafter(Drafter):
-    """What both head drafters share: the target, the features, the checks."""
+    """What both head drafters share: the target, the features, the checks.
+
+    ``heads_path`` is the training result the heads were loaded from, when known (the
+    registry sets it); the benchmark records it next to the drafter's name.
+    """
 
     needs_target_hidden = True
+    heads_path = None
 
     def __init__(self, target: LoadedModel, heads, kind: type) -> None:
         if not isinstance(target, LoadedModel):

@@ -36,6 +36,7 @@ heads, V = scored vocabulary.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import io
 import json
@@ -71,6 +72,7 @@ __all__ = [
     "load_heads",
     "find_heads",
     "heads_validation",
+    "read_result_meta",
     "HEADS_ENV",
     "load_cached_heads",
     "train_command",
@@ -617,11 +619,12 @@ def _validation_summary(kind: str, module, best: dict, val_history: list, feats:
            "top1": next(float(a) for s, _, a in val_history if s == best["step"]),
            "history": [[int(s), float(l_), float(a)] for s, l_, a in val_history]}
     if kind == "medusa":
-        current = {k: v.detach().clone() for k, v in module.state_dict().items()}
-        module.load_state_dict(best["state"])
-        table = head_accuracy(module, [feats[s] for s in held], [data.sequences[s] for s in held], k=5,
+        best_heads = copy.deepcopy(module)  # the module itself keeps the last weights, which the checkpoint saves
+        best_heads.load_state_dict(best["state"])
+        best_heads.eval()
+        table = head_accuracy(best_heads, [feats[s] for s in held], [data.sequences[s] for s in held], k=5,
                               start=[data.prompt_lengths[s] for s in held], by_rank=True)
-        module.load_state_dict(current)
+        del best_heads
         ranks = sorted((c for c in table.columns if c.startswith("rank_")), key=lambda c: int(c.split("_")[1]))
         out["heads"] = [{"head": int(r["head"]), "top1": float(r["top1"]), "top5": float(r["top5"]),
                          "rank_accuracy": [float(r[c]) for c in ranks], "positions": int(r["positions"])}
@@ -682,6 +685,27 @@ def load_heads(path_or_key: str | os.PathLike, target: LoadedModel) -> torch.nn.
     return module
 
 
+def read_result_meta(path: str | os.PathLike) -> tuple[Path, dict]:
+    """The result directory of a training run and what its ``meta.json`` records.
+
+    Args:
+        path: the result directory or a file in it (e.g. its ``checkpoint.pt``).
+
+    Raises:
+        FileNotFoundError: no readable ``meta.json`` there (names the file): not a
+            training result.
+    """
+    path = Path(path).expanduser()
+    meta_path = (path.parent if path.is_file() else path) / "meta.json"
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError):
+        meta = None
+    if not isinstance(meta, dict) or "kind" not in meta:
+        raise FileNotFoundError(f"no training result at {path} (no readable {meta_path})")
+    return meta_path.parent, meta
+
+
 #: environment variable naming the result directories the registry's head strategies use
 HEADS_ENV = "SPECVIZ_HEADS"
 
@@ -701,24 +725,21 @@ def find_heads(target_name: str, kind: str, cache: str | os.PathLike | None = No
     """
     check_choice("kind", kind, KINDS)
     for entry in filter(None, os.environ.get(HEADS_ENV, "").split(os.pathsep)):
-        path = Path(entry).expanduser()
-        meta_path = (path.parent if path.is_file() else path) / "meta.json"
         try:
-            meta = json.loads(meta_path.read_text())
-        except (OSError, json.JSONDecodeError):
-            raise FileNotFoundError(f"${HEADS_ENV} lists {entry}, which holds no training result (no readable "
-                                    f"{meta_path})") from None
+            path, meta = read_result_meta(entry)
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(f"${HEADS_ENV} lists {entry}: {exc}") from None
         if meta.get("kind") == kind and meta.get("target") == target_name:
-            return meta_path.parent
+            return path
     folder = _root(cache) / _slug(target_name)
     found = []
     for meta_path in folder.glob(f"{kind}-*/meta.json"):
         try:
-            meta = json.loads(meta_path.read_text())
-        except (OSError, json.JSONDecodeError):
+            path, meta = read_result_meta(meta_path.parent)
+        except FileNotFoundError:
             continue
         if meta.get("finished") and meta.get("target") == target_name and meta.get("kind") == kind:
-            found.append((int(meta.get("data_tokens") or 0), float(meta.get("updated", 0.0)), str(meta_path.parent)))
+            found.append((int(meta.get("data_tokens") or 0), float(meta.get("updated", 0.0)), str(path)))
     if not found:
         raise FileNotFoundError(f"no trained {kind} heads for target {target_name!r} in {folder}; train them "
                                 f"with: {train_command(kind, target_name)}")
@@ -732,13 +753,9 @@ def heads_validation(path: str | os.PathLike) -> dict:
         FileNotFoundError: no ``meta.json`` at ``path``.
         ValueError: the run held out no validation split (or has not finished).
     """
-    path = _resolve(path)
-    meta_path = (path.parent if path.is_file() else path) / "meta.json"
-    if not meta_path.exists():
-        raise FileNotFoundError(f"no training result at {path} (missing {meta_path})")
-    meta = json.loads(meta_path.read_text())
+    path, meta = read_result_meta(_resolve(path))
     if not meta.get("validation"):
-        raise ValueError(f"the heads in {meta_path.parent} record no validation results (trained without a "
+        raise ValueError(f"the heads in {path} record no validation results (trained without a "
                          "validation split, or unfinished); retrain them with HeadConfig(validation > 0), the default")
     return meta["validation"]
 
