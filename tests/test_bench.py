@@ -98,7 +98,22 @@ def test_greedy_run_writes_rows_and_summary(prompts_file, tmp_path, capsys, use_
     assisted = rows[rows["method"] == "hf-assisted"]
     assert (assisted["drafted"] > 0).all() and (assisted["target_calls"] < 8).all()
 
+    # the cost model: the target's curve and prefills, kept next to the CSV, price every strategy row
+    costs = pd.read_csv(tmp_path / "greedy.costs.csv")
+    assert set(costs.loc[costs["prefix_len"] == 0, "n_tokens"]) == set(rows["prompt_tokens"] - 1)
+    assert list(costs.loc[costs["prefix_len"] > 0, "n_tokens"]) == list(cli.CURVE_SIZES)
+    wall = cli._predicted_wall(rows, tmp_path / "greedy.costs.csv")
+    assert wall[timed].gt(0).all() and wall[~timed].isna().all()
+    predicted = bench.summarize(rows, METHODS, wall).per_method.set_index("method")
+    for method in ("chain-k2", "ngram"):
+        r = rows[rows["method"] == method]
+        want = (r["speedup"] * r["wall_s"] / wall[r.index]).mean()
+        assert predicted.loc[method, "predicted"] == pytest.approx(want)
+        assert predicted.loc[method, "error"] == pytest.approx(predicted.loc[method, "speedup"] / want - 1)
+    assert predicted.loc[["plain", "hf-assisted"], "predicted"].isna().all()
+
     summary = bench.summarize(rows, METHODS)
+    assert "predicted" not in summary.per_method.columns
     assert list(summary.per_method["method"]) == list(METHODS)
     assert list(summary.per_category.columns) == ["code", "qa"]
     hf = summary.per_method.set_index("method").loc["hf-assisted"]
@@ -141,8 +156,14 @@ def test_resume_skips_done_rows_and_runs_new_ones(prompts_file, tmp_path, capsys
     # other settings do not mix into the same file; --fresh starts over
     assert cli.main(_argv(prompts_file, out, "--max-new-tokens", "6", methods=("plain",))) == 2
     assert "max_new_tokens" in capsys.readouterr().err
+    costs = tmp_path / "resume.costs.csv"
+    measured = pd.read_csv(costs)
+    assert len(measured) == len(cli.CURVE_SIZES) + 2  # measured once, by the first run; resumes reuse them
     assert cli.main(_argv(prompts_file, out, "--fresh", methods=("plain",))) == 0
     assert len(bench.load_results(out)) == 2
+    assert not costs.exists()  # the costs went with the rows they priced (and a peers-only run times none)
+    assert cli.main(_argv(prompts_file, tmp_path / "quick.csv", "--no-predict", methods=("plain", "ngram"))) == 0
+    assert not (tmp_path / "quick.costs.csv").exists() and " predicted " not in capsys.readouterr().out
 
 
 def test_sampling_run(prompts_file, tmp_path, capsys, use_tiny):

@@ -10,8 +10,8 @@ import pytest
 from specviz.draft.model import ChainDrafter
 from specviz.tree.sequoia import expected_tokens
 from specviz.tree.shapes import chain, expansion
-from specviz.bench.cost import (CostModel, compare_runs, forward_cost_curve, predicted_speedup, run_counts,
-                                sequoia_plan, speed_summary, timed_run, tree_step_cost)
+from specviz.bench.cost import (CostModel, compare_runs, forward_cost_curve, predicted_speedup, predicted_wall_s,
+                                run_counts, sequoia_plan, speed_summary, timed_run, tree_step_cost)
 
 COSTS = CostModel(((1, 500.0), (8, 1400.0), (64, 4700.0)), ((1, 180.0), (8, 490.0), (64, 1500.0)))
 
@@ -24,7 +24,24 @@ def test_cost_curve_of_a_tiny_model(tiny_pair):
     with pytest.raises(ValueError, match="sizes"):
         forward_cost_curve(tiny_pair.target, [0])
     with pytest.raises(ValueError, match="prefix_len"):
-        forward_cost_curve(tiny_pair.target, [1], prefix_len=0)
+        forward_cost_curve(tiny_pair.target, [1], prefix_len=-1)
+    prefill = forward_cost_curve(tiny_pair.target, [5, 30], prefix_len=0, warmup=0, repeats=1)  # into an empty cache
+    assert list(prefill["n_tokens"]) == [5, 30] and set(prefill["prefix_len"]) == {0}
+    assert (prefill["min_ms"] > 0).all()
+
+
+def test_predicted_wall_prices_prefill_drafts_and_verification():
+    rows = pd.DataFrame({"prompt_tokens": [101, 41, 101], "steps": [10, 4, 128], "drafted": [30, 0, 0],
+                         "draft_s": [2.0, 0.0, math.nan]})
+    prefill = [(20, 100.0), (100, 900.0)]
+    wall = predicted_wall_s(rows, COSTS, prefill)
+    # row 0: prefill of 100 tokens, its draft time, 10 verifications of 4 nodes
+    assert wall[0] == pytest.approx(0.9 + 2.0 + 10 * COSTS.target_s(4))
+    # row 1: prefill of 40 tokens (between the points), nothing drafted: one node per step
+    assert wall[1] == pytest.approx(0.1 + 0.8 * 20 / 80 + 4 * COSTS.target_s(1))
+    assert math.isnan(wall[2])  # a peer: no draft time of its own
+    with pytest.raises(ValueError, match="prefill_ms"):
+        predicted_wall_s(rows, COSTS, [(100, 1.0), (20, 2.0)])
 
 
 def test_cost_model_interpolates_and_extrapolates():

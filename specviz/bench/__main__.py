@@ -97,6 +97,9 @@ def _e2e_parser() -> argparse.ArgumentParser:
                    help="CSV file; a relative name lands under outputs/ (default bench-greedy.csv or "
                         "bench-t<T>.csv)")
     p.add_argument("--fresh", action="store_true", help="discard rows already in --out instead of resuming")
+    p.add_argument("--no-predict", dest="predict", action="store_false",
+                   help="skip timing the target's cost curve and prefills (about a minute on a CPU) and the "
+                        "cost model's predicted speedup of each strategy")
     p.add_argument("--models", choices=("builtin", "tiny"), default="builtin",
                    help="builtin: --target and --draft (default); tiny: specviz's tiny random pair (tests)")
     p.add_argument("--target", default=None, help="target model (default: the built-in 1.5B)")
@@ -275,10 +278,13 @@ def _row(spec: MethodSpec, gen: Generation, prompt, repeat: int, position: int, 
     }
 
 
-def _print_summary(rows: pd.DataFrame, methods: list[str]) -> BenchSummary:
-    summary = summarize(rows, methods)
+def _print_summary(rows: pd.DataFrame, methods: list[str], predicted_wall: pd.Series | None = None) -> BenchSummary:
+    summary = summarize(rows, methods, predicted_wall)
     print("\nper method (speedup = mean over prompts of plain's time per token / the method's; "
           "tau = tokens per target call):")
+    if predicted_wall is not None:
+        print("predicted = the cost model's: the target's timed prefill and forward over each step's tree, plus "
+              "the measured draft time; error = measured / predicted - 1")
     print(_format(summary.per_method))
     print("\nmean speedup per category:")
     print(_format(summary.per_category.reset_index()))
@@ -319,8 +325,10 @@ def _run(args: argparse.Namespace, specs: list[MethodSpec]) -> int:
     default_out = "bench-greedy.csv" if args.temperature == 0.0 else f"bench-t{args.temperature:g}.csv"
     out = output_path(args.out or default_out)
     existing = _existing_rows(out, args.fresh)
-    if args.fresh and out.exists():
-        out.unlink()
+    if args.fresh:
+        out.unlink(missing_ok=True)
+    if existing.empty:  # the costs belong to the rows they price: none kept, none reused
+        _costs_path(out).unlink(missing_ok=True)
 
     from specviz.models.loading import DEFAULT_DRAFT, DEFAULT_TARGET
     from specviz.models.weights import parse_weight_mode
@@ -366,8 +374,62 @@ def _run(args: argparse.Namespace, specs: list[MethodSpec]) -> int:
     rows = load_results(out) if out.exists() else existing
     keep = rows["method"].isin(method_names) & rows["question_id"].isin([p.question_id for p in prompts]) \
         & (rows["repeat"] < args.repeats)
-    _print_summary(rows[keep], method_names)
+    rows = rows[keep]
+    _print_summary(rows, method_names, _predicted_wall(rows, _costs_path(out)) if args.predict else None)
     return 0
+
+
+# -- the cost model's prediction ------------------------------------------------------------------
+
+#: tree sizes (nodes, root included) of the target's cost curve the predictions interpolate
+CURVE_SIZES: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64)
+#: tokens in the cache before each forward of the curve
+CURVE_PREFIX = 200
+
+
+def _costs_path(out: Path) -> Path:
+    """Where a benchmark CSV keeps the target's measured costs (resumed with it)."""
+    return out.with_name(out.stem + ".costs.csv")
+
+
+def _measure_costs(pair, lengths: Sequence[int], path: Path) -> None:
+    """Time the target's cost curve (:data:`CURVE_SIZES` after :data:`CURVE_PREFIX` tokens)
+    and its prefill of each prompt length in ``lengths`` that ``path`` does not hold yet
+    for this target and thread count; append them to ``path``."""
+    from specviz.bench.cost import forward_cost_curve
+
+    have = pd.read_csv(path) if path.exists() and path.stat().st_size else pd.DataFrame(
+        columns=["model", "threads", "n_tokens", "prefix_len"])
+    mine = have[(have["model"] == pair.target.name) & (have["threads"] == torch.get_num_threads())]
+    done = set(zip(mine["prefix_len"].astype(int), mine["n_tokens"].astype(int)))
+    todo = [(CURVE_PREFIX, [n for n in CURVE_SIZES if (CURVE_PREFIX, n) not in done], 1, 3),
+            (0, sorted({n for n in lengths if (0, n) not in done}), 1, 2)]
+    t0 = time.perf_counter()
+    for prefix, sizes, warmup, repeats in todo:
+        if sizes:
+            part = forward_cost_curve(pair.target, sizes, prefix_len=prefix, warmup=warmup, repeats=repeats)
+            part.to_csv(path, mode="a", header=not (path.exists() and path.stat().st_size), index=False)
+    if any(sizes for _, sizes, *_ in todo):
+        print(f"cost model: the target's forward at {len(todo[0][1])} tree sizes and its prefill of "
+              f"{len(todo[1][1])} prompt lengths timed in {time.perf_counter() - t0:.1f}s -> {path}")
+
+
+def _predicted_wall(rows: pd.DataFrame, path: Path) -> pd.Series | None:
+    """The cost model's wall time of every row (:func:`specviz.bench.cost.predicted_wall_s`)
+    from the costs in ``path``; None when they are missing or do not cover the rows."""
+    from specviz.bench.cost import CostModel, predicted_wall_s
+
+    if not path.exists() or rows.empty:
+        return None
+    costs = pd.read_csv(path)
+    threads = set(rows["threads"].dropna().astype(int))
+    costs = costs[costs["model"].isin(set(rows["target"])) & costs["threads"].isin(threads)]
+    curve = costs[costs["prefix_len"] > 0].drop_duplicates("n_tokens", keep="last")
+    prefill = costs[costs["prefix_len"] == 0].drop_duplicates("n_tokens", keep="last").sort_values("n_tokens")
+    if curve.empty or prefill.empty:
+        return None
+    model = CostModel.from_curves(curve, curve, column="median_ms")
+    return predicted_wall_s(rows, model, list(zip(prefill["n_tokens"], prefill["median_ms"])))
 
 
 def _measure(args, specs: list[MethodSpec], prompts, rounds, existing: pd.DataFrame, out: Path, run: dict) -> None:
@@ -410,6 +472,8 @@ def _measure(args, specs: list[MethodSpec], prompts, rounds, existing: pd.DataFr
                                seed=args.seed, drafter=drafters.get(s.name),
                                verifier=s.verifier(args.temperature, args.verifier), llama_cpp=args.llama_cpp_dir)
             print(f"warm-up: {len(pending)} methods x {args.warmup_tokens} tokens (not timed)")
+        if args.predict and any(s.is_strategy for s in specs):
+            _measure_costs(pair, [len(ids[p.question_id]) - 1 for p in prompts], _costs_path(out))
         total = sum(len(t) for *_, t in rounds)
         count = 0
         for repeat, i, todo in rounds:

@@ -33,6 +33,7 @@ import torch
 from specviz.decode.engine import plain_generate, speculative_generate
 from specviz.draft.base import Drafter
 from specviz.metrics.acceptance import acceptance_numbers, summarize_steps
+from specviz.models.device import synchronize
 from specviz.models.kvcache import crop_cache, forward_tokens, new_cache
 from specviz.models.loading import LoadedModel
 from specviz.sampling import GREEDY, make_generator
@@ -48,6 +49,7 @@ __all__ = [
     "StepCost",
     "tree_step_cost",
     "predicted_speedup",
+    "predicted_wall_s",
     "sequoia_plan",
     "SpeedRun",
     "timed_run",
@@ -69,7 +71,8 @@ def forward_cost_curve(model: LoadedModel, sizes: Sequence[int], *, prefix_len: 
     Args:
         model: the model to time.
         sizes: new-token counts, each >= 1.
-        prefix_len: tokens already in the cache.
+        prefix_len: tokens already in the cache; 0 times a prefill of ``n`` prompt tokens
+            into an empty cache.
         warmup, repeats: as in :func:`specviz.timing.time_call` (one call per repeat).
         seed: seeds the random token ids.
 
@@ -77,19 +80,22 @@ def forward_cost_curve(model: LoadedModel, sizes: Sequence[int], *, prefix_len: 
         Columns ``model, dtype, threads, n_tokens, prefix_len, median_ms, min_ms``.
     """
     sizes = check_ints("sizes", sizes)
-    check_int("prefix_len", prefix_len)
+    check_int("prefix_len", prefix_len, 0)
     gen = make_generator(seed)
     vocab = model.vocab_size
     cache = new_cache(model.model)
-    prefix = torch.randint(0, vocab, (1, prefix_len), generator=gen)  # (1, P)
-    forward_tokens(model.model, cache, prefix, torch.arange(prefix_len)[None], None, logits_to_keep=1)
+    if prefix_len:
+        prefix = torch.randint(0, vocab, (1, prefix_len), generator=gen)  # (1, P)
+        forward_tokens(model.model, cache, prefix, torch.arange(prefix_len)[None], None, logits_to_keep=1)
     rows = []
     for n in sizes:
         ids = torch.randint(0, vocab, (1, n), generator=gen)  # (1, n)
         pos = torch.arange(prefix_len, prefix_len + n)[None]  # (1, n)
 
         def step() -> None:
-            forward_tokens(model.model, cache, ids, pos, None)
+            # a prefill keeps only its last position's logits, as the engine's does
+            forward_tokens(model.model, cache, ids, pos, None, **({} if prefix_len else {"logits_to_keep": 1}))
+            synchronize(model.device)
             crop_cache(cache, prefix_len)
 
         t = time_call(step, warmup=warmup, repeats=repeats, min_time_s=0.0)
@@ -183,6 +189,39 @@ def predicted_speedup(tau: float, step_s: float, costs: CostModel) -> float:
     """``tau * t_target(1) / step_s``: plain decoding's time for ``tau`` tokens over one
     speculative step's (``step_s`` = draft + verify seconds, e.g. :attr:`StepCost.step_s`)."""
     return tau * costs.target_s(1) / step_s if step_s > 0 else math.nan
+
+
+def predicted_wall_s(rows: pd.DataFrame, costs: CostModel, prefill_ms: Sequence[tuple[int, float]]) -> pd.Series:
+    """The wall time the cost model gives each benchmark row (``python -m specviz.bench``'s
+    CSV) of a specviz strategy: the target's prefill of the prompt, plus the row's measured
+    draft time, plus one target forward per step over the step's mean tree size.
+
+    ``prefill = t_prefill(prompt_tokens - 1)`` (the engine feeds the prompt's last token
+    with the first tree), ``verify = steps * t_target(1 + drafted / steps)``. What the
+    model leaves out (the verification rule, cache bookkeeping, Python between forwards)
+    is what the measured time has more.
+
+    Args:
+        rows: benchmark rows (``prompt_tokens, steps, drafted, draft_s``).
+        costs: the target's cost curve (:meth:`CostModel.from_curves`; the draft's is not used).
+        prefill_ms: ``(prompt tokens, ms)`` points of the target's prefill
+            (:func:`forward_cost_curve` with ``prefix_len=0``), increasing.
+
+    Returns:
+        Seconds per row, aligned with ``rows``; NaN where the row has no step timings
+        (transformers' and llama.cpp's peers, the baselines).
+    """
+    points = tuple((int(n), float(ms)) for n, ms in prefill_ms)
+    if not points or [n for n, _ in points] != sorted({n for n, _ in points}):
+        raise ValueError(f"prefill_ms must list (n, ms) points with distinct increasing n, got {points}")
+    out = []
+    for p, steps, drafted, draft in zip(rows["prompt_tokens"], rows["steps"], rows["drafted"], rows["draft_s"]):
+        if not (steps > 0 and draft == draft):  # no steps or no measured draft time (NaN)
+            out.append(math.nan)
+            continue
+        prefill = 1e-3 * _interpolate(points, max(int(p) - 1, 1))
+        out.append(prefill + float(draft) + float(steps) * costs.target_s(1 + float(drafted) / float(steps)))
+    return pd.Series(out, index=rows.index, dtype=float)
 
 
 def sequoia_plan(acceptance: Sequence[float], budgets: Sequence[int], max_depths: Sequence[int],

@@ -397,7 +397,10 @@ class BenchSummary:
     Attributes:
         per_method: one row per method: ``prompts``, mean ``tokens_per_s``, mean
             ``speedup``, pooled ``tau`` (tokens / steps) and ``acceptance_rate``
-            (accepted / drafted), ``vs_hf_assisted``, ``matches_plain`` (fraction).
+            (accepted / drafted), ``vs_hf_assisted``, ``matches_plain`` (fraction); given
+            the cost model's wall times, also ``predicted`` (the mean over prompts of the
+            speedup those times give against the same plain run) and ``error``
+            (measured / predicted - 1).
         per_category: mean speedup, one row per method, one column per category.
         best_method: the specviz strategy with the highest mean speedup (None if none).
         best_speedup: its mean speedup.
@@ -426,12 +429,15 @@ class BenchSummary:
         return head + f" | {self.ratio_to_assisted:.2f}x hf-assisted's speedup ({self.assisted_speedup:.2f}x)"
 
 
-def summarize(rows: pd.DataFrame, methods: Sequence[str] | None = None) -> BenchSummary:
+def summarize(rows: pd.DataFrame, methods: Sequence[str] | None = None,
+              predicted_wall: pd.Series | None = None) -> BenchSummary:
     """Aggregate benchmark rows (:func:`load_results`) per method and per category.
 
     Args:
         rows: the CSV's rows.
         methods: methods to report, in this order (default: as they first appear).
+        predicted_wall: the cost model's wall time of each row, aligned with ``rows``
+            (:func:`specviz.bench.cost.predicted_wall_s`; NaN for rows it does not model).
     """
     order = list(dict.fromkeys(rows["method"])) if methods is None else list(methods)
     records = []
@@ -451,6 +457,12 @@ def summarize(rows: pd.DataFrame, methods: Sequence[str] | None = None) -> Bench
     speed = dict(zip(per_method["method"], per_method["speedup"]))
     assisted = speed.get("hf-assisted", math.nan)
     per_method.insert(4, "vs_hf_assisted", per_method["speedup"] / assisted)
+    if predicted_wall is not None:
+        # the speedup the modelled wall time gives against the same prompt's plain run
+        modelled = rows["speedup"] * rows["wall_s"] / predicted_wall.reindex(rows.index)
+        mean = modelled.groupby(rows["method"]).mean()
+        per_method.insert(5, "predicted", [float(mean.get(m, math.nan)) for m in per_method["method"]])
+        per_method.insert(6, "error", per_method["speedup"] / per_method["predicted"] - 1)
     present = [m for m in order if m in speed]
     per_category = (rows[rows["method"].isin(present)]
                     .pivot_table(index="method", columns="category", values="speedup", aggfunc="mean", sort=False)
