@@ -36,6 +36,22 @@ def _settings(**kw) -> ExplorerSettings:
     return ExplorerSettings(prompt="def add(a, b):", max_new_tokens=8, **kw)
 
 
+@pytest.fixture(scope="module")
+def tiny_heads(tiny_pair, tmp_path_factory) -> str:
+    """Both head kinds, trained a few steps for the tiny target: the ``$SPECVIZ_HEADS`` value."""
+    import os
+
+    from specviz.heads import Corpus, HeadConfig, train_heads
+
+    root = tmp_path_factory.mktemp("heads")
+    seqs = [list(range(5, 45)), list(range(50, 90)), list(range(7, 47))]
+    corpus = Corpus.from_sequences(seqs, [4, 4, 4])
+    paths = [train_heads(kind, tiny_pair.target, corpus, steps=2, out_dir=root / kind, features=root / "f",
+                         progress=False, config=HeadConfig(n_heads=3, window=16, batch_size=2)).path
+             for kind in ("medusa", "eagle")]
+    return os.pathsep.join(map(str, paths))
+
+
 def test_settings_validate():
     with pytest.raises(ValueError, match="strategy"):
         _settings(strategy="beam")
@@ -55,15 +71,23 @@ def test_canonical_settings_share_cache_entries():
     assert dynamic.canonical() != replace(dynamic, budget=6).canonical()
 
 
-def test_build_drafter_and_verifier(tiny_pair):
+def test_build_drafter_and_verifier(tiny_pair, tiny_heads, monkeypatch):
+    from specviz.heads import HEADS_ENV, EagleDrafter, MedusaDrafter
+
+    monkeypatch.setenv(HEADS_ENV, tiny_heads)
     kinds = {"chain": ChainDrafter, "static shape": TreeDrafter, "dynamic": DynamicTreeDrafter,
-             "n-gram": NgramTrieDrafter, "lookahead": LookaheadDrafter}
+             "n-gram": NgramTrieDrafter, "lookahead": LookaheadDrafter, "medusa": MedusaDrafter,
+             "eagle": EagleDrafter}
     for strategy in STRATEGIES:
         assert isinstance(build_drafter(_settings(strategy=strategy), tiny_pair), kinds[strategy])
     names = {strategy: strategy_spec(_settings(strategy=strategy, width=3, depth=2, budget=5)).name
              for strategy in STRATEGIES}
     assert names == {"chain": "chain-k2", "static shape": "tree-k3-d2-n5", "dynamic": "dynamic-k3-d2-n5",
-                     "n-gram": "ngram-trie-n3-d2-b5-m3", "lookahead": "lookahead-w3-n3-g5"}
+                     "n-gram": "ngram-trie-n3-d2-b5-m3", "lookahead": "lookahead-w3-n3-g5",
+                     "medusa": "medusa-k3-d2-n5", "eagle": "eagle-k3-d2-n5"}
+    # budgets above what the tree can hold share one cache entry, as for the model-drafted trees
+    assert _settings(strategy="medusa", width=2, depth=2, budget=50).canonical().budget == 6
+    assert _settings(strategy="eagle", width=2, depth=2, budget=50).canonical().budget == 6
     assert verifier_for(_settings()) == "greedy"
     assert verifier_for(_settings(strategy="chain", temperature=0.7)) == "chain"
     assert verifier_for(_settings(strategy="dynamic", temperature=0.7)) == "topk"
@@ -114,6 +138,24 @@ def test_explorer_lookahead_shows_its_window_and_two_branch_mask(tiny_pair):
     assert any(a.startswith("lookahead branch") for a in annotations)
     ex.strategy.value = "dynamic"
     assert ex.width.description == "width (top-k)" and len(ex.tree_out.outputs) == 1
+
+
+def test_explorer_draws_the_heads_and_says_when_there_are_none(tiny_pair, tiny_heads, monkeypatch):
+    from specviz.decode.engine import plain_generate
+    from specviz.heads import HEADS_ENV
+
+    monkeypatch.setenv(HEADS_ENV, tiny_heads)
+    ex = Explorer(tiny_pair, _settings(strategy="medusa", width=2, depth=2, budget=4), background=False)
+    plain = plain_generate(tiny_pair.target, "def add(a, b):", max_new_tokens=8)
+    result = next(iter(ex.results.values()))
+    assert result.drafter == "medusa(n=4,d=2)" and result.output_ids == plain.output_ids  # lossless
+    assert "accepted per step" in ex.stats.value and _points(ex.tree_out) > 0
+    ex.strategy.value = "eagle"
+    assert ex.computations == 2 and ex.results[ex.settings().canonical()].output_ids == plain.output_ids
+    monkeypatch.setenv(HEADS_ENV, "/nonexistent/heads")
+    ex.depth.value = 3
+    assert ex.computations == 2 and "failed: FileNotFoundError" in ex.status.value
+    assert "/nonexistent/heads" in ex.status.value
 
 
 def test_explorer_background_thread(tiny_pair):
@@ -373,9 +415,13 @@ def ast_literal(text: str):
     return ast.literal_eval(text)
 
 
-def test_record_command_writes_and_resumes(tiny_pair, tmp_path, monkeypatch, capsys):
+def test_record_command_writes_and_resumes(tiny_pair, tiny_heads, tmp_path, monkeypatch, capsys):
     import specviz.render.explorer as explorer
+    from specviz.heads import HEADS_ENV
 
+    monkeypatch.setenv(HEADS_ENV, tiny_heads)  # the medusa and eagle settings draft with them
+    n = len(recording_settings("x = 1", 4))
+    assert n == 16
     loads = []
     monkeypatch.setattr(explorer, "load_pair", lambda **kw: loads.append(kw) or tiny_pair)
     path = tmp_path / "rec.json.gz"
@@ -385,8 +431,8 @@ def test_record_command_writes_and_resumes(tiny_pair, tmp_path, monkeypatch, cap
     assert set(recording.results) == set(recording_settings("x = 1", 4))
     assert all(r.n_new_tokens == 4 for r in recording.results.values())
     out = capsys.readouterr().out
-    assert "0 setting(s) recorded, 14 to record" in out and "14 settings recorded" in out
+    assert f"0 setting(s) recorded, {n} to record" in out and f"{n} settings recorded" in out
     assert explorer.main(["--record", str(path), "--max-new-tokens", "4", "--prompt", "x = 1"]) == 0
-    assert len(loads) == 1 and "14 setting(s) recorded, 0 to record" in capsys.readouterr().out
+    assert len(loads) == 1 and f"{n} setting(s) recorded, 0 to record" in capsys.readouterr().out
     assert explorer.main(["--record", str(path), "--max-new-tokens", "5", "--prompt", "x = 1"]) == 2
     assert "recorded with other settings" in capsys.readouterr().err

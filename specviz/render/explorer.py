@@ -8,8 +8,10 @@ watch the draft trees, their acceptance and the statistics follow.
     explore(model="builtin")       # live: Qwen2.5-Coder 1.5B target + 0.5B draft
     explore(model="tiny")          # live on a random tiny pair: instant, gibberish text
 
-Controls: a prompt box, the strategy (chain / static shape / dynamic / n-gram), tree
-width (top-k), depth and budget, temperature, and a step slider that scrubs through
+Controls: a prompt box, the strategy (chain / static shape / dynamic / n-gram / lookahead,
+and the trained heads: a Medusa tree and an EAGLE-2 tree, which draft with the heads
+``python -m specviz.heads train`` left in the specviz cache, or those ``$SPECVIZ_HEADS``
+names), tree width (top-k), depth and budget, temperature, and a step slider that scrubs through
 the generation's steps. Everything drawn comes from :mod:`specviz.render`, the same
 functions the static figures use; this module only maps settings to a strategy name of
 :mod:`specviz.draft.registry` (:func:`strategy_spec`), runs
@@ -99,6 +101,8 @@ _REGISTRY_NAMES: dict[str, Callable[["ExplorerSettings"], str]] = {
     "dynamic": lambda s: f"dynamic-k{s.width}-d{s.depth}-n{s.budget}",
     "n-gram": lambda s: f"ngram-trie-n3-d{s.depth}-b{s.budget}-m{s.width}",
     "lookahead": lambda s: f"lookahead-w{s.width}-n{s.depth + 1}-g{s.budget}",
+    "medusa": lambda s: f"medusa-k{s.width}-d{s.depth}-n{s.budget}",
+    "eagle": lambda s: f"eagle-k{s.width}-d{s.depth}-n{s.budget}",
 }
 #: slider labels (width, depth, budget) per strategy, where they differ from the trees'
 _SLIDER_LABELS: dict[str, tuple[str, str, str]] = {
@@ -129,8 +133,8 @@ class ExplorerSettings:
     Attributes:
         prompt: the user prompt (the chat template is applied).
         strategy: one of :data:`STRATEGIES`.
-        width: top-k, children per node (static shape, dynamic), merged matches (n-gram) or
-            the window's width W (lookahead).
+        width: top-k, children per node (static shape, dynamic, medusa, eagle), merged
+            matches (n-gram) or the window's width W (lookahead).
         depth: draft depth (the chain length for "chain"; a guess's length N - 1 for lookahead).
         budget: maximum draft nodes per step (static shape, dynamic, n-gram) or guesses
             per step G (lookahead).
@@ -171,10 +175,10 @@ class ExplorerSettings:
         temperature = round(float(self.temperature), 6)
         if self.strategy == "chain":
             return replace(self, width=1, budget=self.depth, temperature=temperature)
-        if self.strategy == "static shape":
+        if self.strategy in ("static shape", "medusa"):
             full = sum(self.width ** d for d in range(1, self.depth + 1))
             return replace(self, budget=min(self.budget, full), temperature=temperature)
-        if self.strategy == "dynamic":
+        if self.strategy in ("dynamic", "eagle"):
             pool = self.width + (self.depth - 1) * self.width ** 2
             return replace(self, budget=min(self.budget, pool), temperature=temperature)
         return replace(self, temperature=temperature)
@@ -235,7 +239,11 @@ class _ReportingDrafter(Drafter):
         self.inner = inner
         self.name = inner.name
         self.needs_target_outputs = inner.needs_target_outputs
+        self.needs_target_hidden = inner.needs_target_hidden
         self._on_step = on_step
+
+    def observe_hidden(self, step, hidden) -> None:
+        self.inner.observe_hidden(step, hidden)
 
     def draft(self, context, config, sibling_sampling, generator):
         return self.inner.draft(context, config, sibling_sampling, generator)
