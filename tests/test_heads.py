@@ -22,7 +22,9 @@ from specviz.decode.engine import (
     speculative_generate_batch,
 )
 from specviz.decode.replay import replay_acceptance
-from specviz.draft.registry import build_drafter
+from specviz.draft.merged import MergedDrafter
+from specviz.draft.ngram import NgramDrafter
+from specviz.draft.registry import build_drafter, heads_kinds, parse_strategy
 from specviz.heads import (
     Corpus,
     EagleDrafter,
@@ -511,6 +513,10 @@ def _drafters(tiny_pair, trained):
         "eagle-small": EagleDrafter(target, eagle, topk=2, depth=2, budget=3),
         "eagle-chain": EagleDrafter(target, eagle, topk=1, depth=4, budget=4),
         "eagle-bf16": EagleDrafter(target, eagle, topk=3, depth=4, budget=10, dtype="bf16"),
+        # merged trees: the heads read the target's hidden states at the merged tree's nodes
+        "merged-medusa-ngram": MergedDrafter([MedusaDrafter(target, medusa, kary(2, 2)), NgramDrafter(n=2, k=4)]),
+        "merged-eagle-medusa": MergedDrafter([EagleDrafter(target, eagle, topk=2, depth=3, budget=6),
+                                              MedusaDrafter(target, medusa, kary(2, 2))]),
     }
 
 
@@ -610,6 +616,11 @@ def test_registry_builds_head_drafters(tiny_pair, trained):
     assert chain3.heads.fc.weight.dtype == torch.float32
     half = make_tiny_pair(dtype="bf16")
     assert build_drafter("eagle-k2-d2-n4", half).heads.fc.weight.dtype == torch.bfloat16
+    merged = build_drafter("merged-medusa-n6+ngram-n3-k8", tiny_pair)
+    assert merged.drafters[0].shape == medusa_tree(ranks, 6) and merged.drafters[1].name == "ngram(n=3,k=8)"
+    assert merged.needs_target_hidden and merged.heads_path == trained["medusa"].path
+    assert heads_kinds(parse_strategy("merged-ngram+eagle-chain-k3+medusa")) == {"eagle", "medusa"}
+    assert heads_kinds(parse_strategy("merged")) == set() and heads_kinds(parse_strategy("eagle-chain")) == {"eagle"}
 
 
 def test_medusa_budget_trees_need_validation_results(tiny_pair, corpus, tmp_path, monkeypatch):

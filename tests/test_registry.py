@@ -36,6 +36,8 @@ NAMES = {
     "ngram-trie": (NgramTrieDrafter, "ngram-trie(n=3,budget=16)"),
     "ngram-trie-n2-d3-b6-m2": (NgramTrieDrafter, "ngram-trie(n=2,budget=6)"),
     "merged": (MergedDrafter, "merged(chain(k=4)+ngram(n=3,k=5))"),
+    "merged-chain-k2+ngram-n2-k4+ngram-trie": (MergedDrafter,
+                                               "merged(chain(k=2)+ngram(n=2,k=4)+ngram-trie(n=3,budget=16))"),
     "self-spec-L1-k2": (SelfSpeculativeDrafter, None),
     "jacobi": (JacobiDrafter, "jacobi(k=5)"),
     "lookahead-w3-n2-g4-context": (LookaheadDrafter, "lookahead(w=3,n=2,g=4,context)"),
@@ -108,6 +110,12 @@ def test_bad_names_and_values_are_named(tiny_pair):
     layers = tiny_pair.target.model.config.num_hidden_layers
     with pytest.raises(ValueError, match=rf"n_layers must be an int in \[1, {layers - 1}\].*got 99"):
         build_drafter("self-spec-L99", tiny_pair)
+    with pytest.raises(ValueError, match=r"merged strategy part 'beam': unknown strategy 'beam'"):
+        build_drafter("merged-chain-k2+beam", tiny_pair)
+    with pytest.raises(ValueError, match=r"part 'merged': merged trees do not nest"):
+        build_drafter("merged-ngram+merged", tiny_pair)
+    with pytest.raises(ValueError, match="unknown strategy 'merged-ngram'"):  # one part is not a merge
+        parse_strategy("merged-ngram")
 
 
 def test_budgeted_kary():

@@ -49,7 +49,7 @@ from specviz.bench.e2e import (
     summarize,
 )
 from specviz.bench.llama import LLAMA_BINARIES, find_llama_cpp
-from specviz.draft.registry import MethodSpec, build_drafter
+from specviz.draft.registry import MethodSpec, build_drafter, heads_kinds
 from specviz.locations import output_path
 from specviz.models.auto import is_auto, resolve_auto
 from specviz.models.device import resolve_device
@@ -208,16 +208,20 @@ def _heads_in_use(specs: list[MethodSpec], target: str) -> dict[str, str]:
 
     found = {}
     for s in specs:
-        if s.family in _HEAD_FAMILIES:
-            try:
-                found[s.name] = find_heads(target, _HEAD_FAMILIES[s.family]).name
+        kinds = sorted(heads_kinds(s)) if s.is_strategy else []
+        if kinds:
+            try:  # a merged tree of several kinds is labelled by its first part's heads
+                found[s.name] = find_heads(target, kinds[0] if len(kinds) == 1 else _first_kind(s)).name
             except FileNotFoundError:  # reported with the command that trains them when the models are loaded
                 pass
     return found
 
 
-#: the registry's families that draft with trained heads, and the kind of heads each takes
-_HEAD_FAMILIES = {"medusa": "medusa", "eagle": "eagle", "eagle-chain": "eagle"}
+def _first_kind(spec: MethodSpec) -> str:
+    """The heads kind of the first part of a merged strategy that drafts with heads."""
+    from specviz.draft.registry import parse_strategy
+
+    return next(k for n in spec.param("parts").split("+") for k in sorted(heads_kinds(parse_strategy(n))))
 
 
 def _check_resumable(existing: pd.DataFrame, expected: dict, out: Path, verifiers: dict[str, str],
@@ -449,7 +453,7 @@ def _measure(args, specs: list[MethodSpec], prompts, rounds, existing: pd.DataFr
         pair = _load_models(args)
         print(f"models: {pair.target.name} (target), {pair.draft.name} (draft), loaded in "
               f"{time.perf_counter() - t0:.1f}s")
-        kinds = sorted({_HEAD_FAMILIES[s.family] for s in specs if s.family in _HEAD_FAMILIES})
+        kinds = sorted(set().union(*(heads_kinds(s) for s in specs if s.is_strategy)))
         if kinds:
             from specviz.heads.training import find_heads
 

@@ -39,6 +39,19 @@ class MergedDrafter(Drafter):
                                  "does not pass on; run it on its own")
         self.drafters = drafters
         self.name = "merged(" + "+".join(d.name for d in drafters) + ")"
+        # trained heads among the parts read the target's hidden states at the merged tree's nodes
+        self.needs_target_hidden = any(d.needs_target_hidden for d in drafters)
+
+    @property
+    def heads_path(self):
+        """The trained heads' result directory of the first part that drafts with heads
+        (None if none does): what the benchmark records beside the name."""
+        return next((d.heads_path for d in self.drafters if getattr(d, "heads_path", None) is not None), None)
+
+    def observe_hidden(self, step, hidden) -> None:
+        for d in self.drafters:
+            if d.needs_target_hidden:
+                d.observe_hidden(step, hidden)
 
     def draft(self, context, config, sibling_sampling, generator) -> DraftTree:
         return run_draft_steps(self.draft_steps(context, config, sibling_sampling, generator))

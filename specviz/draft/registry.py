@@ -42,6 +42,7 @@ __all__ = [
     "parse_name",
     "parse_strategy",
     "build_drafter",
+    "heads_kinds",
 ]
 
 #: a parameter's value: an int, a list of ints ("2x2x1") or a word ("heuristic")
@@ -203,6 +204,32 @@ def _eagle(pair, a: dict[str, Any]) -> Drafter:
     return drafter
 
 
+def _merged(pair, a: dict[str, Any]) -> Drafter:
+    if a["parts"] is None:
+        return MergedDrafter([ChainDrafter(pair.draft, 4), NgramDrafter()])
+    parts = []
+    for name in a["parts"].split("+"):
+        try:
+            spec = parse_strategy(name)
+        except ValueError as exc:
+            raise ValueError(f"merged strategy part {name!r}: {exc}") from None
+        if spec.family == "merged":
+            raise ValueError(f"merged strategy part {name!r}: merged trees do not nest; list its parts instead")
+        parts.append(build_drafter(spec, pair))
+    return MergedDrafter(parts)
+
+
+def heads_kinds(spec: MethodSpec) -> set[str]:
+    """The kinds of trained heads (``"medusa"``, ``"eagle"``) a strategy drafts with, its
+    merged parts' included."""
+    kind = {"medusa": "medusa", "eagle": "eagle", "eagle-chain": "eagle"}.get(spec.family)
+    if kind is not None:
+        return {kind}
+    if spec.family == "merged" and spec.param("parts"):
+        return set().union(*(heads_kinds(parse_strategy(n)) for n in spec.param("parts").split("+")))
+    return set()
+
+
 def _self_spec(pair, a: dict[str, Any]) -> Drafter:
     n_layers = a["n_layers"] if a["n_layers"] is not None else pair.target.model.config.num_hidden_layers // 2
     return SelfSpeculativeDrafter(pair.target, n_layers=n_layers, shape=chain(a["k"]))
@@ -234,9 +261,10 @@ STRATEGIES: tuple[Strategy, ...] = (
              "trie of up to MATCHES prompt-lookup matches (default n3-d5-b16-m8)", "topk",
              lambda pair, a: NgramTrieDrafter(n=a["n"], depth=a["depth"], budget=a["budget"],
                                               max_matches=a["max_matches"])),
-    Strategy("merged", "merged", r"merged", (),
-             "SpecInfer merge of a draft-model chain of 4 and an n-gram chain", "topk",
-             lambda pair, a: MergedDrafter([ChainDrafter(pair.draft, 4), NgramDrafter()])),
+    Strategy("merged", "merged[-<A>+<B>[+...]]", r"merged(?:-([a-z0-9-]+(?:\+[a-z0-9-]+)+))?",
+             (Param("parts", None, "word"),),
+             "SpecInfer's merged tree of several strategies' drafts, verified in one target call (default "
+             "chain-k4+ngram; e.g. merged-medusa-n4+ngram-n3-k8)", "topk", _merged),
     Strategy("jacobi", "jacobi[-k<K>]", r"jacobi(?:-k(\d+))?", (Param("k", 5),),
              "Jacobi decoding: a block of K guesses, last step's target predictions (default k5)", "topk",
              lambda pair, a: JacobiDrafter(k=a["k"])),
