@@ -2,6 +2,7 @@
 llama.cpp's print: finding the programs, reading their timings and counts, their failures, and
 the benchmark's refusals when they are missing."""
 
+import json
 import stat
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ import pytest
 
 from specviz.bench.__main__ import main as bench_main
 from specviz.bench.e2e import parse_method
-from specviz.bench.llama import LLAMA_BINARIES, find_llama_cpp, llama_plain, llama_speculative
+from specviz.bench.llama import LLAMA_BINARIES, find_llama_cpp, llama_ngram, llama_plain, llama_speculative
 
 PROMPT = "<|im_start|>user\nSay hi<|im_end|>\n<|im_start|>assistant\n"
 
@@ -23,13 +24,15 @@ print(json.dumps([{"n_prompt": p, "n_gen": n, "avg_ns": 2_500_000_000, "avg_ts":
 """
 
 FAKE_SPEC = """
-import sys
+import json, os, sys
 args = sys.argv[1:]
+if os.environ.get("FAKE_LLAMA_ARGS"):
+    open(os.environ["FAKE_LLAMA_ARGS"], "w").write(json.dumps(args))
 if "--fail" in open(args[args.index("-f") + 1]).read():
     print("error: cannot load model", file=sys.stderr)
     sys.exit(3)
 prompt = open(args[args.index("-f") + 1]).read()
-k = int(args[args.index("--spec-draft-n-max") + 1])
+k = int(args[args.index("--spec-draft-n-max") + 1]) if "--spec-draft-n-max" in args else 16
 print("\\n\\n" + prompt + "Hello there!\\n\\n")
 for line in ("encoded   12 tokens in    0.500 seconds, speed:   24.000 t/s",
              "decoded   10 tokens in    1.500 seconds, speed:    6.667 t/s",
@@ -80,6 +83,19 @@ def test_speculative_reads_counts_times_and_text(fake_llama):
     assert run.text == "Hello there!"
 
 
+def test_ngram_runs_prompt_lookup_without_a_draft_model(fake_llama, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_LLAMA_ARGS", str(tmp_path / "args.json"))
+    run = llama_ngram(find_llama_cpp(fake_llama), Path("t.gguf"), PROMPT, 10, threads=2, n=3, k=8)
+    assert (run.new_tokens, run.drafted, run.accepted, run.steps) == (10, 8, 6, 4) and run.text == "Hello there!"
+    args = json.loads((tmp_path / "args.json").read_text())
+    assert "-md" not in args and args[args.index("--spec-type") + 1] == "ngram-simple"
+    assert args[args.index("--spec-ngram-simple-size-n") + 1] == "3"
+    assert args[args.index("--spec-ngram-simple-size-m") + 1] == "8" and args[args.index("--spec-draft-n-max") + 1] == "8"
+    llama_ngram(find_llama_cpp(fake_llama), Path("t.gguf"), PROMPT, 10, threads=2)  # llama.cpp's own sizes
+    args = json.loads((tmp_path / "args.json").read_text())
+    assert not {"--spec-ngram-simple-size-n", "--spec-ngram-simple-size-m", "--spec-draft-n-max"} & set(args)
+
+
 def test_a_failing_program_is_reported_with_its_log(fake_llama):
     with pytest.raises(RuntimeError, match="(?s)llama-speculative-simple failed \\(exit 3\\).*cannot load model"):
         llama_speculative(find_llama_cpp(fake_llama), Path("t.gguf"), Path("d.gguf"), PROMPT + "--fail", 10, 3, 2)
@@ -88,6 +104,8 @@ def test_a_failing_program_is_reported_with_its_log(fake_llama):
 def test_method_names():
     assert parse_method("llama-spec").arguments() == {"k": 3}
     assert parse_method("llama-spec-k5").arguments() == {"k": 5}
+    assert parse_method("llama-ngram").arguments() == {"n": None, "k": None}
+    assert parse_method("llama-ngram-n3-k8").arguments() == {"n": 3, "k": 8}
     assert parse_method("llama-plain").family == "llama-plain"
     assert set(LLAMA_BINARIES) == {"llama-bench", "llama-speculative-simple"}
 

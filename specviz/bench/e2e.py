@@ -122,10 +122,13 @@ PEERS: tuple[Family, ...] = (
     Family("llama-spec", "llama-spec[-k<K>]", r"llama-spec(?:-k(\d+))?", (Param("k", 3),),
            "llama.cpp speculative decoding, the draft's GGUF proposing up to K tokens (default 3, "
            "llama.cpp's own; llama-speculative-simple)"),
+    Family("llama-ngram", "llama-ngram[-n<N>-k<K>]", r"llama-ngram(?:-n(\d+)-k(\d+))?", (Param("n"), Param("k")),
+           "llama.cpp prompt-lookup decoding, no draft model: the last N tokens looked up in the context, up to K "
+           "proposed (default: llama.cpp's own sizes; llama-speculative-simple --spec-type ngram-simple)"),
 )
 
 #: the peers run by llama.cpp's programs (:mod:`specviz.bench.llama`)
-LLAMA_METHODS: tuple[str, ...] = ("llama-plain", "llama-spec")
+LLAMA_METHODS: tuple[str, ...] = ("llama-plain", "llama-spec", "llama-ngram")
 
 #: the method names ``--methods`` accepts
 METHOD_GRAMMAR: tuple[Family, ...] = PEERS + STRATEGIES
@@ -275,7 +278,7 @@ def _run_llama(spec: MethodSpec, pair, ids: list[int], max_new_tokens: int, temp
                llama_cpp, eos: tuple[int, ...]) -> Generation:
     import torch
 
-    from specviz.bench.llama import llama_plain, llama_speculative
+    from specviz.bench.llama import llama_ngram, llama_plain, llama_speculative
     from specviz.models.loading import BUILTIN_MODELS, builtin_gguf
 
     if llama_cpp is None:
@@ -292,12 +295,18 @@ def _run_llama(spec: MethodSpec, pair, ids: list[int], max_new_tokens: int, temp
                           "none", "", new_tokens=run.new_tokens)
     k = spec.arguments()["k"]
     tok = pair.target.tokenizer
-    run = llama_speculative(Path(llama_cpp), target, builtin_gguf(pair.draft.name), tok.decode(ids), max_new_tokens,
-                            k, threads, temperature, seed)
+    if spec.family == "llama-ngram":
+        n = spec.arguments()["n"]
+        run = llama_ngram(Path(llama_cpp), target, tok.decode(ids), max_new_tokens, threads, n, k, temperature, seed)
+        drafter = "llama.cpp ngram-simple" + (f" n={n} k={k}" if n is not None else " (its default sizes)")
+    else:
+        run = llama_speculative(Path(llama_cpp), target, builtin_gguf(pair.draft.name), tok.decode(ids),
+                                max_new_tokens, k, threads, temperature, seed)
+        drafter = f"llama.cpp draft {pair.draft.name} k={k}"
     out = _cut_at_eos(tok(run.text, add_special_tokens=False).input_ids[:max_new_tokens], eos)
     stop = "eos" if run.new_tokens < max_new_tokens else "max_new_tokens"
     return Generation(out, run.wall_s, run.steps, run.steps, run.drafted, run.accepted, stop, math.nan, math.nan,
-                      f"llama.cpp draft {pair.draft.name} k={k}", "", new_tokens=run.new_tokens)
+                      drafter, "", new_tokens=run.new_tokens)
 
 
 def run_method(spec: MethodSpec, pair, ids: list[int], *, max_new_tokens: int, temperature: float = 0.0,

@@ -15,6 +15,9 @@ times two of its programs next to specviz when they are found (``--llama-cpp DIR
 * ``llama-spec-k<K>``: ``llama-speculative-simple`` with the draft model proposing up to K
   tokens per step, on the prompt's exact chat-templated text; the row's time is its prompt
   encoding plus decoding, its output the generated text re-tokenized with the pair's tokenizer.
+* ``llama-ngram[-n<N>-k<K>]``: the same program without a draft model, drafting by prompt
+  lookup (``--spec-type ngram-simple``): the last N tokens looked up in the context, the K
+  tokens after the match proposed (default: llama.cpp's own sizes).
 
 Both use the Q4_K_M GGUF weights and llama.cpp's own kernels, not the weight mode of
 ``--dtype``: these rows compare engines, not numerics (``matches_plain`` is expected below 1).
@@ -32,7 +35,7 @@ from pathlib import Path
 
 from specviz.metrics.external import llama_cpp_runs
 
-__all__ = ["LLAMA_BINARIES", "find_llama_cpp", "LlamaRun", "llama_plain", "llama_speculative"]
+__all__ = ["LLAMA_BINARIES", "find_llama_cpp", "LlamaRun", "llama_plain", "llama_speculative", "llama_ngram"]
 
 #: the llama.cpp programs the benchmark runs
 LLAMA_BINARIES = ("llama-bench", "llama-speculative-simple")
@@ -113,11 +116,30 @@ def llama_speculative(bin_dir: Path, target_gguf: Path, draft_gguf: Path, prompt
     """Run ``llama-speculative-simple`` on ``prompt_text`` (already chat-templated; special
     tokens are parsed) with up to ``k`` draft tokens per step. Sampling (``temperature`` > 0)
     uses no top-k, top-p or min-p cut, like the other methods."""
+    return _speculative(bin_dir, target_gguf, ["-md", str(draft_gguf), "--spec-type", "draft-simple",
+                                               "--spec-draft-n-max", str(k)],
+                        prompt_text, n_new, threads, temperature, seed, timeout)
+
+
+def llama_ngram(bin_dir: Path, target_gguf: Path, prompt_text: str, n_new: int, threads: int, n: int | None = None,
+                k: int | None = None, temperature: float = 0.0, seed: int = 0, timeout: float = 1800.0) -> LlamaRun:
+    """Run ``llama-speculative-simple`` with llama.cpp's prompt-lookup drafts
+    (``--spec-type ngram-simple``, no draft model): the last ``n`` tokens looked up in the
+    context, up to ``k`` tokens after the match proposed (None: llama.cpp's defaults)."""
+    extra = ["--spec-type", "ngram-simple"]
+    if n is not None:
+        extra += ["--spec-ngram-simple-size-n", str(n)]
+    if k is not None:
+        extra += ["--spec-ngram-simple-size-m", str(k), "--spec-draft-n-max", str(k)]
+    return _speculative(bin_dir, target_gguf, extra, prompt_text, n_new, threads, temperature, seed, timeout)
+
+
+def _speculative(bin_dir: Path, target_gguf: Path, extra: list[str], prompt_text: str, n_new: int, threads: int,
+                 temperature: float, seed: int, timeout: float) -> LlamaRun:
     with tempfile.TemporaryDirectory(prefix="specviz-llama-") as tmp:
         prompt_file = Path(tmp) / "prompt.txt"
         prompt_file.write_text(prompt_text)
-        cmd = [str(bin_dir / "llama-speculative-simple"), "-m", str(target_gguf), "-md", str(draft_gguf),
-               "--spec-type", "draft-simple", "--spec-draft-n-max", str(k), "-f", str(prompt_file),
+        cmd = [str(bin_dir / "llama-speculative-simple"), "-m", str(target_gguf), *extra, "-f", str(prompt_file),
                "-n", str(n_new), "-t", str(threads), "-c", str(4096), "--seed", str(seed),
                "--temp", f"{temperature:g}", "--top-k", "0", "--top-p", "1.0", "--min-p", "0.0"]
         out = _run(cmd, timeout)
