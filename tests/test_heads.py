@@ -572,6 +572,14 @@ def _no_target_forward(*args, **kwargs):
     raise AssertionError("the drafter ran the target although its features were provided")
 
 
+def test_merged_trees_hand_the_heads_the_engines_hidden_states(tiny_pair, trained, monkeypatch):
+    drafters = _drafters(tiny_pair, trained)
+    monkeypatch.setattr(drafters_module, "target_features", _no_target_forward)  # only the engine's states
+    for name in ("merged-medusa-ngram", "merged-eagle-medusa"):
+        out = speculative_generate(tiny_pair.target, drafters[name], PROMPTS[0], max_new_tokens=16, chat=False)
+        assert out.n_new_tokens == 16, name
+
+
 def test_drafter_checks(tiny_pair, trained):
     with pytest.raises(ValueError, match="depth 5 but the heads draft only 4"):
         MedusaDrafter(tiny_pair.target, trained["medusa"].heads, chain(5))
