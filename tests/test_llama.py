@@ -32,6 +32,7 @@ if "--fail" in open(args[args.index("-f") + 1]).read():
     print("error: cannot load model", file=sys.stderr)
     sys.exit(3)
 prompt = open(args[args.index("-f") + 1]).read()
+prompt = prompt[:-1] if prompt.endswith("\\n") else prompt  # as llama.cpp reads a prompt file
 k = int(args[args.index("--spec-draft-n-max") + 1]) if "--spec-draft-n-max" in args else 16
 print("\\n\\n" + prompt + "Hello there!\\n\\n")
 for line in ("encoded   12 tokens in    0.500 seconds, speed:   24.000 t/s",

@@ -138,7 +138,8 @@ def _speculative(bin_dir: Path, target_gguf: Path, extra: list[str], prompt_text
                  temperature: float, seed: int, timeout: float) -> LlamaRun:
     with tempfile.TemporaryDirectory(prefix="specviz-llama-") as tmp:
         prompt_file = Path(tmp) / "prompt.txt"
-        prompt_file.write_text(prompt_text)
+        # llama.cpp drops one trailing newline of a prompt file; the chat template's prompt ends with one
+        prompt_file.write_text(prompt_text + "\n")
         cmd = [str(bin_dir / "llama-speculative-simple"), "-m", str(target_gguf), *extra, "-f", str(prompt_file),
                "-n", str(n_new), "-t", str(threads), "-c", str(4096), "--seed", str(seed),
                "--temp", f"{temperature:g}", "--top-k", "0", "--top-p", "1.0", "--min-p", "0.0"]
