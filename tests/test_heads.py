@@ -627,8 +627,8 @@ def test_registry_builds_head_drafters(tiny_pair, trained):
     merged = build_drafter("merged-medusa-n6+ngram-n3-k8", tiny_pair)
     assert merged.drafters[0].shape == medusa_tree(ranks, 6) and merged.drafters[1].name == "ngram(n=3,k=8)"
     assert merged.needs_target_hidden and merged.heads_path == trained["medusa"].path
-    assert heads_kinds(parse_strategy("merged-ngram+eagle-chain-k3+medusa")) == {"eagle", "medusa"}
-    assert heads_kinds(parse_strategy("merged")) == set() and heads_kinds(parse_strategy("eagle-chain")) == {"eagle"}
+    assert heads_kinds(parse_strategy("merged-ngram+eagle-chain-k3+medusa+eagle")) == ("eagle", "medusa")
+    assert heads_kinds(parse_strategy("merged")) == () and heads_kinds(parse_strategy("eagle-chain")) == ("eagle",)
 
 
 def test_medusa_budget_trees_need_validation_results(tiny_pair, corpus, tmp_path, monkeypatch):

@@ -208,20 +208,13 @@ def _heads_in_use(specs: list[MethodSpec], target: str) -> dict[str, str]:
 
     found = {}
     for s in specs:
-        kinds = sorted(heads_kinds(s)) if s.is_strategy else []
+        kinds = heads_kinds(s) if s.is_strategy else ()
         if kinds:
-            try:  # a merged tree of several kinds is labelled by its first part's heads
-                found[s.name] = find_heads(target, kinds[0] if len(kinds) == 1 else _first_kind(s)).name
+            try:  # a merged tree is labelled by its first part's heads (MergedDrafter.heads_path)
+                found[s.name] = find_heads(target, kinds[0]).name
             except FileNotFoundError:  # reported with the command that trains them when the models are loaded
                 pass
     return found
-
-
-def _first_kind(spec: MethodSpec) -> str:
-    """The heads kind of the first part of a merged strategy that drafts with heads."""
-    from specviz.draft.registry import parse_strategy
-
-    return next(k for n in spec.param("parts").split("+") for k in sorted(heads_kinds(parse_strategy(n))))
 
 
 def _check_resumable(existing: pd.DataFrame, expected: dict, out: Path, verifiers: dict[str, str],

@@ -219,15 +219,16 @@ def _merged(pair, a: dict[str, Any]) -> Drafter:
     return MergedDrafter(parts)
 
 
-def heads_kinds(spec: MethodSpec) -> set[str]:
+def heads_kinds(spec: MethodSpec) -> tuple[str, ...]:
     """The kinds of trained heads (``"medusa"``, ``"eagle"``) a strategy drafts with, its
-    merged parts' included."""
+    merged parts' included, in the order of the parts (each once)."""
     kind = {"medusa": "medusa", "eagle": "eagle", "eagle-chain": "eagle"}.get(spec.family)
     if kind is not None:
-        return {kind}
+        return (kind,)
     if spec.family == "merged" and spec.param("parts"):
-        return set().union(*(heads_kinds(parse_strategy(n)) for n in spec.param("parts").split("+")))
-    return set()
+        parts = (k for n in spec.param("parts").split("+") for k in heads_kinds(parse_strategy(n)))
+        return tuple(dict.fromkeys(parts))
+    return ()
 
 
 def _self_spec(pair, a: dict[str, Any]) -> Drafter:
