@@ -38,6 +38,7 @@ NAMES = {
     "merged": (MergedDrafter, "merged(chain(k=4)+ngram(n=3,k=5))"),
     "merged-chain-k2+ngram-n2-k4+ngram-trie": (MergedDrafter,
                                                "merged(chain(k=2)+ngram(n=2,k=4)+ngram-trie(n=3,budget=16))"),
+    "merged-self-spec-L1-k2+ngram": (MergedDrafter, None),
     "self-spec-L1-k2": (SelfSpeculativeDrafter, None),
     "jacobi": (JacobiDrafter, "jacobi(k=5)"),
     "lookahead-w3-n2-g4-context": (LookaheadDrafter, "lookahead(w=3,n=2,g=4,context)"),

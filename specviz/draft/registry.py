@@ -262,7 +262,7 @@ STRATEGIES: tuple[Strategy, ...] = (
              "trie of up to MATCHES prompt-lookup matches (default n3-d5-b16-m8)", "topk",
              lambda pair, a: NgramTrieDrafter(n=a["n"], depth=a["depth"], budget=a["budget"],
                                               max_matches=a["max_matches"])),
-    Strategy("merged", "merged[-<A>+<B>[+...]]", r"merged(?:-([a-z0-9-]+(?:\+[a-z0-9-]+)+))?",
+    Strategy("merged", "merged[-<A>+<B>[+...]]", r"merged(?:-([A-Za-z0-9-]+(?:\+[A-Za-z0-9-]+)+))?",
              (Param("parts", None, "word"),),
              "SpecInfer's merged tree of several strategies' drafts, verified in one target call (default "
              "chain-k4+ngram; e.g. merged-medusa-n4+ngram-n3-k8)", "topk", _merged),
