@@ -7,8 +7,11 @@ what each method and CSV column means); ``python -m specviz.bench attention`` ti
 attention against per-path and causal attention (:mod:`specviz.bench.attention`).
 
 Rows are appended to the CSV as each (repeat, prompt) finishes; running the same
-command again skips the rows already there (``--fresh`` starts over). The last printed
-line is the one-line summary of the best specviz strategy.
+command again skips the rows already there (``--fresh`` starts over). Before the rounds
+the target's cost curve and prefills are timed into ``<out>.costs.csv`` (``--no-predict``
+skips it), and the summary puts the cost model's predicted speedup of each specviz
+strategy beside the measured one. The last printed line is the one-line summary of the
+best specviz strategy.
 
 Usage::
 
@@ -16,6 +19,8 @@ Usage::
     python -m specviz.bench --limit 7 --max-new-tokens 128 --temperature 0.7
     python -m specviz.bench --methods hf-assisted dynamic-k8-d6-n32 ngram-n4-k10 --out tuning.csv
     python -m specviz.bench --dtype int8 --llama-cpp ~/llama.cpp/build --methods chain-k2 llama-plain llama-spec-k2
+    python -m specviz.bench --dtype bf16 --limit 7 --max-new-tokens 128 --heads <medusa result> \
+        --methods merged-medusa-n4+ngram-n3-k8 ngram-n3-k8 llama-ngram-n3-k8 --llama-cpp ~/llama.cpp/build
     python -m specviz.bench --device cuda --dtype bf16 --limit 7
     python -m specviz.bench attention --budgets 8 16 32 64 --batch-sizes 1 4 --prefix-lens 128 512 2048
 """
