@@ -19,7 +19,7 @@ times two of its programs next to specviz when they are found (``--llama-cpp DIR
   lookup (``--spec-type ngram-simple``): the last N tokens looked up in the context, the K
   tokens after the match proposed (default: llama.cpp's own sizes).
 
-Both use the Q4_K_M GGUF weights and llama.cpp's own kernels, not the weight mode of
+All of them use the Q4_K_M GGUF weights and llama.cpp's own kernels, not the weight mode of
 ``--dtype``: these rows compare engines, not numerics (``matches_plain`` is expected below 1).
 """
 
