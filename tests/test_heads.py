@@ -624,6 +624,12 @@ def test_registry_builds_head_drafters(tiny_pair, trained):
     assert chain3.heads.fc.weight.dtype == torch.float32
     half = make_tiny_pair(dtype="bf16")
     assert build_drafter("eagle-k2-d2-n4", half).heads.fc.weight.dtype == torch.bfloat16
+    # head_drafter, which the registry builds with, names the result directory however the heads are given
+    from specviz.heads import head_drafter
+
+    for given in (trained["eagle"].path, trained["eagle"].path / "checkpoint.pt"):
+        assert head_drafter(tiny_pair, given, topk=1, depth=2, budget=2).heads_path == trained["eagle"].path
+    assert chain3.heads_path == trained["eagle"].path
     merged = build_drafter("merged-medusa-n6+ngram-n3-k8", tiny_pair)
     assert merged.drafters[0].shape == medusa_tree(ranks, 6) and merged.drafters[1].name == "ngram(n=3,k=8)"
     assert merged.needs_target_hidden and merged.heads_path == trained["medusa"].path

@@ -172,36 +172,29 @@ def _tree(pair, a: dict[str, Any]) -> Drafter:
 
 
 def _medusa(pair, a: dict[str, Any]) -> Drafter:
-    from specviz.heads.drafters import MedusaDrafter, medusa_tree
-    from specviz.heads.training import find_heads, heads_validation, load_heads
+    from specviz.heads.drafters import head_drafter, medusa_tree
+    from specviz.heads.training import find_heads, heads_validation
 
     path = find_heads(pair.target.name, "medusa")
-    heads = load_heads(path, pair.target)
     if a["tree_budget"] is not None:  # the best tree of that many nodes for the heads' validation accuracy
-        ranks = [h["rank_accuracy"] for h in heads_validation(path)["heads"]]
-        drafter = MedusaDrafter(pair.target, heads, medusa_tree(ranks, a["tree_budget"]))
+        shape = medusa_tree([h["rank_accuracy"] for h in heads_validation(path)["heads"]], a["tree_budget"])
     elif a["width"] is not None:
-        drafter = MedusaDrafter(pair.target, heads, budgeted_kary(a["width"], a["depth"], a["budget"]))
+        shape = budgeted_kary(a["width"], a["depth"], a["budget"])
     else:
-        drafter = MedusaDrafter(pair.target, heads, expansion(list(a["branching"])))
-    drafter.heads_path = path
-    return drafter
+        shape = expansion(list(a["branching"]))
+    return head_drafter(pair, path, shape=shape)
 
 
 def _eagle(pair, a: dict[str, Any]) -> Drafter:
-    from specviz.heads.drafters import EagleDrafter
-    from specviz.heads.training import find_heads, load_heads
+    from specviz.heads.drafters import head_drafter
+    from specviz.heads.training import find_heads
 
     path = find_heads(pair.target.name, "eagle")
-    head = load_heads(path, pair.target)
     # the head drafts in the target's half-precision dtype (half the bytes per forward), else as trained
     dtype = pair.target.model.dtype if pair.target.model.dtype in (torch.bfloat16, torch.float16) else None
     if a.get("k") is not None:  # a chain
-        drafter = EagleDrafter(pair.target, head, topk=1, depth=a["k"], budget=a["k"], dtype=dtype)
-    else:
-        drafter = EagleDrafter(pair.target, head, topk=a["topk"], depth=a["depth"], budget=a["budget"], dtype=dtype)
-    drafter.heads_path = path
-    return drafter
+        return head_drafter(pair, path, topk=1, depth=a["k"], budget=a["k"], dtype=dtype)
+    return head_drafter(pair, path, topk=a["topk"], depth=a["depth"], budget=a["budget"], dtype=dtype)
 
 
 def _merged(pair, a: dict[str, Any]) -> Drafter:

@@ -149,8 +149,9 @@ class _TargetFeatures:
 class _HeadDrafter(Drafter):
     """What both head drafters share: the target, the features, the checks.
 
-    ``heads_path`` is the training result the heads were loaded from, when known (the
-    registry sets it); the benchmark records it next to the drafter's name.
+    ``heads_path`` is the training result the heads were loaded from, when known
+    (:func:`head_drafter` sets it, for the registry's drafters too); the benchmark
+    records it next to the drafter's name.
     """
 
     needs_target_hidden = True
@@ -399,14 +400,20 @@ def head_drafter(pair, path, *, shape: TreeShape | Sequence[Sequence[int]] | Non
 
     A module-level factory, so that ``functools.partial(head_drafter, path=...)`` can
     travel to a study worker and build the drafter next to the loaded models (the
-    registry's ``medusa`` and ``eagle`` strategies take the newest cached heads instead).
+    registry's ``medusa`` and ``eagle`` strategies build theirs with it from
+    :func:`~specviz.heads.find_heads`). The drafter's ``heads_path`` is the result
+    directory, which the benchmark records.
 
     Raises:
         FileNotFoundError, ValueError: as :func:`~specviz.heads.load_heads`.
     """
-    from specviz.heads.training import load_heads
+    from specviz.heads.training import _resolve, load_heads
 
     heads = load_heads(path, pair.target)
     if isinstance(heads, MedusaHeads):
-        return MedusaDrafter(pair.target, heads, shape)
-    return EagleDrafter(pair.target, heads, topk=topk, depth=depth, budget=budget, dtype=dtype)
+        drafter = MedusaDrafter(pair.target, heads, shape)
+    else:
+        drafter = EagleDrafter(pair.target, heads, topk=topk, depth=depth, budget=budget, dtype=dtype)
+    found = _resolve(path)
+    drafter.heads_path = found.parent if found.is_file() else found
+    return drafter
