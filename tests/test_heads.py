@@ -23,6 +23,7 @@ from specviz.decode.engine import (
 )
 from specviz.decode.replay import replay_acceptance
 from specviz.draft.merged import MergedDrafter
+from specviz.draft.model import grow_dynamic_tree
 from specviz.draft.ngram import NgramDrafter
 from specviz.draft.registry import build_drafter, heads_kinds, parse_strategy
 from specviz.heads import (
@@ -58,6 +59,7 @@ from specviz.heads.__main__ import main
 from specviz.models.kvcache import forward_tokens, new_cache
 from specviz.models.loading import tiny_model
 from specviz.models.loading import tiny_pair as make_tiny_pair
+from specviz.models.weights import Int4Linear, Int8Linear
 from specviz.sampling import GREEDY, SamplingConfig
 from specviz.study.prompts import DEFAULT_PROMPTS_PATH, load_prompts
 from specviz.tree.core import pad_trees
@@ -433,6 +435,45 @@ def test_reduced_vocabulary(tiny_pair, corpus, tmp_path):
         assert all(set(s.tree.tokens[1:].tolist()) <= allowed for s in out.steps)
 
 
+def test_eagle_drafts_over_its_reduced_vocabulary(tiny_pair, corpus, tmp_path):
+    result = train_heads("eagle", tiny_pair.target, corpus, steps=2, out_dir=tmp_path / "r",
+                         config=HeadConfig(vocab=40, window=16, batch_size=2), features=tmp_path / "f", progress=False)
+    head = load_heads(result.path, tiny_pair.target)
+    assert head.scored_vocab == 40
+    drafter = EagleDrafter(tiny_pair.target, head, topk=3, depth=3, budget=8)
+    allowed = set(head.vocab_map.tolist())
+    ctx = encode_prompt(tiny_pair.target.tokenizer, PROMPTS[0])
+    tree = drafter.draft(torch.tensor(ctx), GREEDY, "greedy", None)
+    # the same tree as growing over the full vocabulary with -inf outside the scored tokens
+    with torch.no_grad():
+        feats = target_features(tiny_pair.target, ctx[:-1])
+        cache = drafters_module._HeadCache(head)
+        root = cache.sync(ctx, feats)
+        grow = grow_dynamic_tree(ctx[-1], head.full_logits(root), GREEDY, 3, 3, 8)
+        predicted, handle = {-1: root}, {-1: -1}
+        try:
+            frontier = next(grow)
+            while True:
+                out, handles = cache.expand(torch.stack([predicted[p] for _, _, p in frontier]),
+                                            [t for _, t, _ in frontier], [handle[p] for _, _, p in frontier])
+                for (i, _, _), h, f in zip(frontier, handles, out):
+                    handle[i], predicted[i] = h, f
+                frontier = grow.send(head.full_logits(out))
+        except StopIteration as done:
+            ref = done.value
+    assert tree.tokens.tolist() == ref.tokens.tolist() and tree.parents.tolist() == ref.parents.tolist()
+    torch.testing.assert_close(tree.q, ref.q)
+    assert set(tree.tokens[1:].tolist()) <= allowed and tree.n_nodes > 1
+    packed = head.cast("int8")
+    assert isinstance(packed.scorer, Int8Linear) and packed.scorer.out_features == 40
+    torch.testing.assert_close(packed.scores(root), head.scores(root), atol=0.1, rtol=0.05)
+    plain = plain_generate(tiny_pair.target, PROMPTS[0], max_new_tokens=16)
+    for d in (drafter, EagleDrafter(tiny_pair.target, head, topk=3, depth=3, budget=8, dtype="int8")):
+        out = speculative_generate(tiny_pair.target, d, PROMPTS[0], max_new_tokens=16)
+        assert out.output_ids == plain.output_ids
+        assert all(set(s.tree.tokens[1:].tolist()) <= allowed for s in out.steps)
+
+
 # -- per-head accuracy ----------------------------------------------------------------------------
 
 def test_head_accuracy(trained, tiny_pair, corpus):
@@ -604,10 +645,40 @@ def test_eagle_head_cast_shares_the_target_tensors(tiny_pair, trained):
     torch.testing.assert_close(half.fc.weight.float(), head.fc.weight, atol=1e-2, rtol=1e-2)
     drafter = EagleDrafter(tiny_pair.target, head, topk=2, depth=2, budget=4, dtype=torch.bfloat16)
     assert drafter.heads.fc.weight.dtype == torch.bfloat16
-    with pytest.raises(ValueError, match="unknown dtype 'int8'"):
-        EagleDrafter(tiny_pair.target, head, dtype="int8")
-    with pytest.raises(ValueError, match="floating-point dtype"):
+    with pytest.raises(ValueError, match="unknown weight mode 'int7'"):
+        EagleDrafter(tiny_pair.target, head, dtype="int7")
+    with pytest.raises(ValueError, match="floating-point dtype or a weight mode"):
         head.cast(torch.int8)
+    with pytest.raises(ValueError, match="calibration run"):
+        head.cast("w8a8")
+    with pytest.raises(ValueError, match="cast the float32 head"):
+        half.cast("int8")
+
+
+@pytest.mark.parametrize("mode, layer", [("int8", Int8Linear), ("int4", Int4Linear)])
+def test_eagle_head_in_integer_weight_modes(tiny_pair, trained, mode, layer):
+    head = trained["eagle"].heads
+    packed = head.cast(mode)
+    assert packed.cast(mode) is packed and head.fc.weight.dtype == torch.float32
+    assert isinstance(packed.fc, layer) and isinstance(packed.layer.mlp.down_proj, layer)
+    assert isinstance(packed.layer.self_attn.q_proj, layer)
+    assert packed.embed_weight is head.embed_weight and packed.out_weight is head.out_weight
+    # the same predicted features as the float32 head, to the kernels' rounding
+    feats = torch.randn(1, 6, head.hidden_size)
+    tokens = torch.randint(0, head.vocab_size, (1, 6))
+    pos = torch.arange(6)[None]
+    with torch.no_grad():
+        ref, got = head(feats, tokens, pos), packed(feats, tokens, pos)
+    assert got.dtype == torch.bfloat16
+    cos = torch.nn.functional.cosine_similarity(got.float(), ref, dim=-1)
+    assert float(cos.min()) > 0.95, cos
+    # drafting in the mode stays lossless: greedy output equals plain decoding
+    drafter = EagleDrafter(tiny_pair.target, head, topk=2, depth=3, budget=6, dtype=mode)
+    assert isinstance(drafter.heads.fc, layer)
+    plain = plain_generate(tiny_pair.target, "hello world", max_new_tokens=24, stop_at_eos=False)
+    spec = speculative_generate(tiny_pair.target, drafter, "hello world", max_new_tokens=24, stop_at_eos=False)
+    assert spec.output_ids == plain.output_ids
+    assert sum(len(s.acceptance.accepted_nodes) for s in spec.steps) > 0
 
 
 def test_registry_builds_head_drafters(tiny_pair, trained):
@@ -620,10 +691,26 @@ def test_registry_builds_head_drafters(tiny_pair, trained):
     assert build_drafter("eagle-k2-d3-n5", tiny_pair).name == "eagle(k=2,d=3,n=5)"
     chain3 = build_drafter("eagle-chain-k3", tiny_pair)
     assert chain3.name == "eagle-chain(k=3)" and chain3.topk == 1
-    # the EAGLE head drafts in a half-precision target's dtype, and as trained (fp32) otherwise
+    # the EAGLE head drafts as trained (fp32) for an fp32 target, in int4 for another mode on a CPU
     assert chain3.heads.fc.weight.dtype == torch.float32
     half = make_tiny_pair(dtype="bf16")
-    assert build_drafter("eagle-k2-d2-n4", half).heads.fc.weight.dtype == torch.bfloat16
+    packed = build_drafter("eagle-k2-d2-n4", half)
+    assert isinstance(packed.heads.fc, Int4Linear) and packed.name == "eagle(k=2,d=2,n=4,int4)"
+    assert build_drafter("eagle-chain-k2", half).name == "eagle-chain(k=2,int4)"
+    # and in the target's dtype on an accelerator (bf16 for an fp32 one there)
+    from types import SimpleNamespace
+
+    from specviz.draft.registry import eagle_head_mode
+
+    def fake(dtype, device, mode):
+        return SimpleNamespace(model=SimpleNamespace(dtype=dtype), device=torch.device(device), weight_mode=mode)
+
+    assert eagle_head_mode(fake(torch.float32, "cpu", "fp32")) is None
+    assert eagle_head_mode(fake(torch.float32, "cpu", "w8a8")) == "int4"
+    assert eagle_head_mode(fake(torch.bfloat16, "cpu", "int8")) == "int4"
+    assert eagle_head_mode(fake(torch.float16, "cuda", "fp16")) == "float16"
+    assert eagle_head_mode(fake(torch.float32, "cuda", "fp32")) is None
+    assert eagle_head_mode(fake(torch.bfloat16, "mps", "bf16")) == "bfloat16"
     # head_drafter, which the registry builds with, names the result directory however the heads are given
     from specviz.heads import head_drafter
 

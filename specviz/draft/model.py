@@ -253,7 +253,8 @@ class DynamicTreeDrafter(ModelDrafter):
 
 
 def grow_dynamic_tree(root: int, root_logits: torch.Tensor, config: SamplingConfig, topk: int, depth: int,
-                      budget: int) -> Generator[list[tuple[int, int, int]], torch.Tensor, DraftTree]:
+                      budget: int, token_ids: torch.Tensor | None = None
+                      ) -> Generator[list[tuple[int, int, int]], torch.Tensor, DraftTree]:
     """EAGLE-2's tree growth for any draft that scores a node's children from logits.
 
     A generator: it yields each new frontier as ``(node, token, parent)`` triples (``node``
@@ -271,7 +272,12 @@ def grow_dynamic_tree(root: int, root_logits: torch.Tensor, config: SamplingConf
         root_logits: ``(V,)`` the draft's logits after the root.
         config: the sampling configuration (greedy: temperature-1 probabilities).
         topk, depth, budget: as in :class:`DynamicTreeDrafter`.
+        token_ids: ``(W,)`` the token id of each logits column when the draft scores only
+            part of the vocabulary (a reduced draft vocabulary: ``(W,)`` root logits and
+            ``(n, W)`` after each frontier, the same tree as ``-inf`` logits everywhere
+            else would give, for less work per node); None: column ``i`` is token ``i``.
     """
+    ids = None if token_ids is None else torch.as_tensor(token_ids).tolist()
     # Pool of every proposed node: token, pool parent (-1 = root), path score, q, rank.
     tok: list[int] = []
     par: list[int] = []
@@ -290,7 +296,7 @@ def grow_dynamic_tree(root: int, root_logits: torch.Tensor, config: SamplingConf
                 if p <= 0.0:
                     break
                 new.append(len(tok))
-                tok.append(int(top_i[row, r]))
+                tok.append(int(top_i[row, r]) if ids is None else ids[int(top_i[row, r])])
                 par.append(parent)
                 score.append(frontier_score[row] + math.log(p))
                 qv.append(p)

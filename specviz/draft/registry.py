@@ -43,6 +43,7 @@ __all__ = [
     "parse_strategy",
     "build_drafter",
     "heads_kinds",
+    "eagle_head_mode",
 ]
 
 #: a parameter's value: an int, a list of ints ("2x2x1") or a word ("heuristic")
@@ -190,11 +191,24 @@ def _eagle(pair, a: dict[str, Any]) -> Drafter:
     from specviz.heads.training import find_heads
 
     path = find_heads(pair.target.name, "eagle")
-    # the head drafts in the target's half-precision dtype (half the bytes per forward), else as trained
-    dtype = pair.target.model.dtype if pair.target.model.dtype in (torch.bfloat16, torch.float16) else None
+    dtype = eagle_head_mode(pair.target)
     if a.get("k") is not None:  # a chain
         return head_drafter(pair, path, topk=1, depth=a["k"], budget=a["k"], dtype=dtype)
     return head_drafter(pair, path, topk=a["topk"], depth=a["depth"], budget=a["budget"], dtype=dtype)
+
+
+def eagle_head_mode(target) -> str | None:
+    """The weight mode the registry's EAGLE head drafts in for ``target``: as trained
+    (float32, None) for a float32 target, the exactness reference; int4 for any other
+    weight mode on a CPU (a head forward reads an eighth of float32's bytes and the
+    drafting step costs about half of bf16's); the target's dtype on an accelerator.
+    Verification is the target's in every case, so decoding stays lossless."""
+    dtype = target.model.dtype
+    if dtype == torch.float32 and target.weight_mode in ("fp32", "fp32-wx"):
+        return None
+    if target.device.type == "cpu":
+        return "int4"
+    return "bf16" if dtype == torch.float32 else str(dtype).removeprefix("torch.")
 
 
 def _merged(pair, a: dict[str, Any]) -> Drafter:
@@ -283,7 +297,8 @@ STRATEGIES: tuple[Strategy, ...] = (
     Strategy("eagle", "eagle[-k<TOPK>-d<DEPTH>-n<BUDGET>]", r"eagle(?:-k(\d+)-d(\d+)-n(\d+))?",
              (Param("topk", 4), Param("depth", 5), Param("budget", 16)),
              "EAGLE-2 dynamic tree of a feature head trained for the target (python -m specviz.heads train "
-             "--kind eagle; default k4-d5-n16; the head drafts in a bf16 / fp16 target's dtype)", "topk", _eagle),
+             "--kind eagle; default k4-d5-n16; the head drafts in int4 on a CPU unless the target is fp32, "
+             "see eagle_head_mode)", "topk", _eagle),
     Strategy("eagle-chain", "eagle-chain[-k<K>]", r"eagle-chain(?:-k(\d+))?", (Param("k", 4),),
              "chain of K tokens of the trained EAGLE feature head (default k4)", "topk", _eagle),
 )

@@ -43,7 +43,8 @@ from specviz.draft.model import draft_distribution, drafted_tree, grow_dynamic_t
 from specviz.heads.features import target_features
 from specviz.heads.modules import EagleHead, MedusaHeads
 from specviz.models.kvcache import crop_cache, new_cache
-from specviz.models.loading import LoadedModel, parse_dtype
+from specviz.models.loading import LoadedModel
+from specviz.models.weights import weight_mode_of
 from specviz.sampling import require_deterministic_siblings
 from specviz.tree.core import DraftTree
 from specviz.tree.shapes import TreeShape, expansion, from_paths
@@ -344,9 +345,10 @@ class EagleDrafter(_HeadDrafter):
         topk: children per frontier node and frontier width.
         depth: tree depth (head forwards per step, besides the context's).
         budget: draft nodes kept.
-        dtype: the dtype the head's layers draft in: None keeps the trained head's
+        dtype: the weight mode the head's layers draft in: None keeps the trained head's
             (float32); ``"bf16"`` / ``torch.bfloat16`` halves the bytes a head forward
-            reads, which pays on CPUs with bf16 instructions (:meth:`EagleHead.cast`).
+            reads, which pays on CPUs with bf16 instructions; ``"int8"`` / ``"int4"``
+            (CPU kernels) read a quarter / an eighth (:meth:`EagleHead.cast`).
             Verification is the target's either way, so decoding stays lossless.
     """
 
@@ -355,11 +357,14 @@ class EagleDrafter(_HeadDrafter):
         for name, value in (("topk", topk), ("depth", depth), ("budget", budget)):
             check_int(name, value)
         self.topk, self.depth, self.budget = topk, depth, budget
-        self.name = f"eagle-chain(k={depth})" if topk == 1 and budget >= depth else \
-            f"eagle(k={topk},d={depth},n={budget})"
         if dtype is not None and isinstance(head, EagleHead):
-            head = head.cast(parse_dtype(dtype))
+            head = head.cast(dtype)
+        mode = weight_mode_of(head.layer) if isinstance(head, EagleHead) else "fp32"
+        suffix = "" if mode == "fp32" else f",{mode}"  # the head's weight mode, when not as trained
+        self.name = f"eagle-chain(k={depth}{suffix})" if topk == 1 and budget >= depth else \
+            f"eagle(k={topk},d={depth},n={budget}{suffix})"
         super().__init__(target, head, EagleHead)
+        self._token_ids = None if self.heads.vocab_map is None else self.heads.vocab_map.cpu()
 
     def reset(self) -> None:
         super().reset()
@@ -374,8 +379,9 @@ class EagleDrafter(_HeadDrafter):
         root = self.head_cache.sync(ctx, features)  # (H,)
         predicted = {-1: root}  # pool node -> its predicted feature
         handle = {-1: -1}  # pool node -> its slot among this step's fed nodes
-        grow = grow_dynamic_tree(ctx[-1], self.heads.full_logits(root).cpu(), config, self.topk, self.depth,
-                                 self.budget)
+        # over the scored vocabulary only (a reduced one: the full one's -inf columns cost time, not choices)
+        grow = grow_dynamic_tree(ctx[-1], self.heads.scores(root).cpu(), config, self.topk, self.depth,
+                                 self.budget, self._token_ids)
         try:
             frontier = next(grow)
             while True:
@@ -385,7 +391,7 @@ class EagleDrafter(_HeadDrafter):
                                                       [t for _, t, _ in frontier], [handle[p] for p in parents])
                 for i, h, feature in zip(ids, handles, out):
                     handle[i], predicted[i] = h, feature
-                frontier = grow.send(self.heads.full_logits(out).cpu())  # (n, V)
+                frontier = grow.send(self.heads.scores(out).cpu())  # (n, W)
         except StopIteration as done:
             return done.value
 

@@ -93,6 +93,9 @@ class _ScoredVocab(nn.Module):
 
     def scores(self, hidden: torch.Tensor) -> torch.Tensor:
         """``(..., W)`` float32 logits over the scored vocabulary for ``(..., H)`` states."""
+        scorer = getattr(self, "scorer", None)  # the output rows in a converted weight mode (EagleHead.cast)
+        if scorer is not None:
+            return scorer(hidden.to(self.scorer_dtype)).float()
         w = self.out_weight
         out = F.linear(hidden.to(w.dtype), w, None if self.out_bias is None else self.out_bias.to(w.dtype))
         return out.float()
@@ -214,26 +217,59 @@ class EagleHead(_ScoredVocab):
         """A head for ``target`` (see the class)."""
         return cls(target, vocab_map)
 
-    def cast(self, dtype: torch.dtype) -> "EagleHead":
-        """This head with its trained layers (``fc`` and the decoder layer) in ``dtype``,
-        e.g. ``torch.bfloat16`` to draft at half the weight bytes on CPUs with bf16
-        instructions; the target's embeddings and LM head stay shared, the rotary
-        frequencies stay float32. Returns ``self`` when the layers already are in
-        ``dtype``, else a copy (``self`` is left as it is)."""
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise ValueError(f"an EAGLE head runs in a floating-point dtype, got {dtype!r}")
-        if self.fc.weight.dtype == dtype:
+    def cast(self, mode: torch.dtype | str) -> "EagleHead":
+        """This head with its trained layers (``fc`` and the decoder layer) in weight mode
+        ``mode``: a float dtype (``torch.bfloat16`` drafts at half the weight bytes on CPUs
+        with bf16 instructions) or a weight-mode name of
+        :data:`~specviz.models.weights.WEIGHT_MODES` (``"int8"`` / ``"int4"``: a quarter /
+        an eighth of float32's bytes, CPU kernels; the scored LM-head rows get their own
+        packed copy, :attr:`scorer`). The target's embeddings and LM head stay shared, the
+        rotary frequencies stay float32. Returns ``self`` when the layers
+        already are in that mode, else a copy (``self`` is left as it is).
+
+        Raises:
+            ValueError: not a float dtype or a weight mode, or a calibrated mode (``w8a8``,
+                whose activation scales come from a calibration text the head never sees).
+        """
+        from specviz.models.weights import parse_weight_mode, quantize_model, weight_mode_of
+
+        if isinstance(mode, torch.dtype) and not mode.is_floating_point:
+            raise ValueError(f"an EAGLE head runs in a floating-point dtype or a weight mode, got {mode!r}")
+        wm = parse_weight_mode(mode)
+        if wm.calibrated:
+            raise ValueError(f"an EAGLE head cannot draft in {wm.name}: its activation scales need a calibration "
+                             "run of the head; use int8, int4, bf16 or fp32")
+        trained = nn.ModuleDict({"fc": self.fc, "layer": self.layer})
+        if weight_mode_of(trained) == wm.name:
             return self
+        if weight_mode_of(trained) != "fp32":  # converted layers cannot be converted again
+            raise ValueError(f"this head's layers are in {weight_mode_of(trained)}; cast the float32 head instead")
         shared = {id(t): t for t in (self.embed_weight, self.out_weight, self.out_bias, self.vocab_map)
                   if t is not None}
         clone = copy.deepcopy(self, memo=dict(shared))  # the target's tensors are not copied
-        clone.fc.to(dtype)
-        clone.layer.to(dtype)
+        layers = nn.ModuleDict({"fc": clone.fc, "layer": clone.layer})
+        if wm.convert is None:
+            layers.to(wm.activation_dtype)
+        else:
+            quantize_model(layers, wm)
+        clone.fc, clone.layer = layers["fc"], layers["layer"]
+        if wm.convert is not None:  # the output rows too: at a reduced vocabulary they cost about what the layer does
+            out = nn.Linear(self.hidden_size, self.scored_vocab, bias=self.out_bias is not None)
+            out.weight.data = self.out_weight.detach().float()
+            if self.out_bias is not None:
+                out.bias.data = self.out_bias.detach().float()
+            clone.scorer = quantize_model(nn.ModuleDict({"out": out}), wm)["out"]
+            clone.scorer_dtype = wm.activation_dtype
         return clone
+
+    def _layer_param(self) -> torch.Tensor:
+        """A parameter of the decoder layer (its norms' weights are in the activation dtype in
+        every weight mode)."""
+        return next(self.layer.parameters())
 
     def _inputs(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         emb = F.embedding(tokens.to(self.embed_weight.device), self.embed_weight)  # (B, n, H)
-        dtype = self.fc.weight.dtype
+        dtype = self._layer_param().dtype  # the activation dtype (integer layers hold no float weight)
         return self.fc(torch.cat([features.to(dtype), emb.to(dtype)], dim=-1))  # (B, n, H)
 
     def step(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, cache,
@@ -250,7 +286,7 @@ class EagleHead(_ScoredVocab):
         Returns:
             ``(B, n, H)`` the predicted next features.
         """
-        device = self.fc.weight.device
+        device = self._layer_param().device
         x = self._inputs(features.to(device), tokens.to(device))  # (B, n, H)
         positions = positions.to(device)
         mask = additive_mask(allowed.to(device), x.dtype)  # (B, 1, n, S + n)
