@@ -4,6 +4,7 @@ notebook run through papermill with its smallest parameters (the ``smoke`` prese
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -323,6 +324,52 @@ def test_missing_notebook_is_a_config_error(tmp_path):
     with pytest.raises(StudyConfigError, match="does not exist"):
         run_study(preset, out_dir=tmp_path, progress=False, log=lambda _: None)
     assert not any(Path(tmp_path).iterdir())
+
+
+def test_a_preset_names_the_weight_mode_its_notebooks_run_in(tmp_path, monkeypatch):
+    from specviz.models import auto
+
+    assert PRESETS["quick"].dtype == "auto"  # the default study runs in this machine's fastest accurate mode
+    assert PRESETS["smoke"].dtype is None and PRESETS["standard"].dtype is None  # fp32: the references
+    bad = Preset("custom", "", (NotebookRun("00_absent.ipynb"),), dtype="int3")
+    with pytest.raises(StudyConfigError, match="dtype: unknown weight mode 'int3'"):
+        run_study(bad, out_dir=tmp_path, progress=False, log=lambda _: None)
+    with pytest.raises(StudyConfigError, match="does not exist"):  # the command's --dtype wins
+        run_study(bad, out_dir=tmp_path, progress=False, log=lambda _: None, dtype="fp32")
+    asked = []
+
+    def probe(name, log=print):
+        asked.append(name)
+        raise ValueError("no probe in this test")
+
+    monkeypatch.setattr(auto, "resolve_auto", probe)
+    # auto probes the machine only after every cheap check has passed
+    with pytest.raises(StudyConfigError, match="does not exist"):
+        run_study(dataclasses.replace(bad, dtype="auto"), out_dir=tmp_path, progress=False, log=lambda _: None)
+    assert asked == []
+    with pytest.raises(StudyConfigError, match="dtype: no probe in this test"):
+        run_study("quick", out_dir=tmp_path, progress=False, log=lambda _: None)
+    assert asked == ["qwen2.5-coder-1.5b-instruct"]
+    assert main(["--prompts", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "run")]) == 2
+    assert asked == ["qwen2.5-coder-1.5b-instruct"]  # a bad prompt file stops quick before its probe
+
+
+def test_every_dtype_parameter_is_a_weight_mode():
+    # --dtype (and a preset's dtype) reaches every notebook that declares ``dtype``: in each
+    # one it must name the weight mode of the real models, whatever mode is passed
+    from specviz.models.weights import parse_weight_mode
+    from specviz.study.runner import default_value
+
+    declaring = []
+    for name in ALL_NOTEBOOKS:
+        declared = declared_parameters(NOTEBOOKS_DIR / name)
+        if "dtype" in declared:
+            declaring.append(name[:2])
+            default = default_value(declared["dtype"])
+            if default:  # "" leaves the choice to the notebook (the explorer's)
+                parse_weight_mode(default)
+            assert "weight mode" in str(declared["dtype"].get("help", "")), name
+    assert {"01", "03", "06", "09", "10"} <= set(declaring) and "05" not in declaring
 
 
 def test_report_export_hides_code(smoke_run, tmp_path):

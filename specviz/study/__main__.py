@@ -33,7 +33,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="run them on an existing Dask cluster (e.g. tcp://10.0.0.5:8786)")
     p.add_argument("--dtype", metavar="MODE", help="weight mode of the real models in every notebook that has "
                    "a dtype parameter: fp32, bf16, fp16, fp32-wx, int8, int4, w8a8, or auto (the fastest mode "
-                   "that passes the accuracy bar on this machine; default: each notebook's)")
+                   "that passes the accuracy bar on this machine; default: the preset's, auto for quick, else each "
+                   "notebook's, fp32)")
     p.add_argument("--no-progress", action="store_true", help="no per-cell progress bar")
     p.add_argument("--list", action="store_true", help="list the presets and notebooks, then exit")
     p.add_argument("--refresh-committed", action="store_true",
@@ -43,7 +44,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _list(log: Callable[[str], None]) -> None:
     for preset in PRESETS.values():
-        log(f"{preset.name}: {preset.description}")
+        mode = f" [weight mode: {preset.dtype}]" if preset.dtype else ""
+        log(f"{preset.name}: {preset.description}{mode}")
         for run in preset.runs:
             params = ", ".join(f"{k}={v}" for k, v in run.parameters.items()) or "defaults"
             log(f"  {run.notebook}: {params}")

@@ -56,12 +56,16 @@ class Preset:
         description: one line for ``--list`` and the README.
         runs: the notebooks in execution order.
         report: stem of the notebook exported as ``report.html`` (None: no report).
+        dtype: the weight mode of the real models in every notebook with a ``dtype``
+            parameter when the command names none (``auto``: the fastest mode that passes
+            the accuracy bar on this machine); None keeps each notebook's own (fp32).
     """
 
     name: str
     description: str
     runs: tuple[NotebookRun, ...]
     report: str | None = None
+    dtype: str | None = None
 
     def __post_init__(self) -> None:
         if not self.runs:
@@ -137,7 +141,7 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
                              "train_steps": 5, "budgets": [4], "others": [], "timed": False}),
     ), report="08_report"),
     Preset("quick", "the default study: about 25 minutes on a 2-core CPU (16 for 01-08)", _QUICK_RUNS,
-           report="08_report"),
+           report="08_report", dtype="auto"),
     Preset("standard", "the acceptance study (03) on every prompt x 128 tokens, the rest as in quick: "
            "about 50 minutes on a 2-core CPU", tuple(
                NotebookRun(_ACCEPTANCE, _STANDARD_ACCEPTANCE) if r.notebook == _ACCEPTANCE else r

@@ -369,8 +369,9 @@ def run_study(preset: str | Preset = "quick", *, out_dir: str | Path | None = No
         scheduler: run them on the existing Dask cluster at this address instead.
             Without either, every unit runs in its notebook's process.
         dtype: weight mode of the real models (``fp32``, ``bf16``, ``int8``, ``w8a8``, ...)
-            for every notebook that has a ``dtype`` parameter; default: each notebook's own.
-            ``auto`` is resolved once, before the first notebook (:mod:`specviz.models.auto`).
+            for every notebook that has a ``dtype`` parameter; default: the preset's
+            (:attr:`Preset.dtype`; ``quick``: ``auto``), else each notebook's own. ``auto``
+            is resolved once, before the first notebook (:mod:`specviz.models.auto`).
         log: where progress lines go.
 
     Before the first notebook, the built-in models that the notebooks about to run load
@@ -387,22 +388,34 @@ def run_study(preset: str | Preset = "quick", *, out_dir: str | Path | None = No
         raise StudyConfigError("give --workers (start a local cluster) or --scheduler (use one), not both")
     if workers is not None:
         check_int("workers", workers, error=StudyConfigError)
-    if dtype is not None:
-        from specviz.models.auto import is_auto, resolve_auto
-        from specviz.models.loading import DEFAULT_TARGET
+    spec = get_preset(preset)
+    if dtype is None:
+        dtype = spec.dtype
+    from specviz.models.auto import is_auto
+
+    if dtype is not None and not is_auto(dtype):
         from specviz.models.weights import parse_weight_mode
 
         try:
-            if is_auto(dtype):  # one choice for the whole study, from the built-in target's probe
-                dtype = resolve_auto(DEFAULT_TARGET, log=log)
             dtype = parse_weight_mode(dtype).name
         except ValueError as exc:
             raise StudyConfigError(f"dtype: {exc}") from None
-    spec = get_preset(preset)
     runs = _select(spec.runs, only)
     prompts_path = _check_prompts(prompts)
     limit = _check_limit(limit)
     out = (Path(out_dir) if out_dir is not None else OUTPUTS_DIR / spec.name).expanduser().resolve()
+    for run in runs:
+        if not (NOTEBOOKS_DIR / run.notebook).is_file():
+            raise StudyConfigError(f"notebook {NOTEBOOKS_DIR / run.notebook} does not exist")
+    _check_kernel()
+    if is_auto(dtype):  # one choice for the whole study, from the built-in target's probe (after every cheap check)
+        from specviz.models.auto import resolve_auto
+        from specviz.models.loading import DEFAULT_TARGET
+
+        try:
+            dtype = resolve_auto(DEFAULT_TARGET, log=log)
+        except ValueError as exc:
+            raise StudyConfigError(f"dtype: {exc}") from None
     plans = []
     for run in runs:
         src = NOTEBOOKS_DIR / run.notebook
@@ -411,7 +424,6 @@ def run_study(preset: str | Preset = "quick", *, out_dir: str | Path | None = No
         declared = declared_parameters(src)
         params = notebook_parameters(run, declared, out, prompts=prompts_path, limit=limit, dtype=dtype)
         plans.append(_Plan(run, src, params, _fingerprint(src, params, prompts_path), declared))
-    _check_kernel()
     if (prompts_path is not None or limit is not None) and not any(
             "prompts_path" in p.parameters or "prompt_limit" in p.parameters for p in plans):
         log("[study] note: no selected notebook reads prompts, so --prompts/--limit change nothing")
