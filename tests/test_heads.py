@@ -8,6 +8,8 @@ import json
 import math
 import os
 
+from types import SimpleNamespace
+
 import pandas as pd
 import pytest
 import torch
@@ -472,6 +474,25 @@ def test_eagle_drafts_over_its_reduced_vocabulary(tiny_pair, corpus, tmp_path):
         out = speculative_generate(tiny_pair.target, d, PROMPTS[0], max_new_tokens=16)
         assert out.output_ids == plain.output_ids
         assert all(set(s.tree.tokens[1:].tolist()) <= allowed for s in out.steps)
+
+
+@pytest.mark.parametrize("mode", ["int8", "w8a8"])
+def test_heads_for_a_target_in_an_integer_weight_mode(corpus, tmp_path, mode):
+    # the target's LM head is a packed layer: the heads score with its dequantized weights
+    target = make_tiny_pair(dtype=mode).target
+    lm = target.model.get_output_embeddings()
+    for kind in ("medusa", "eagle"):
+        result = train_heads(kind, target, corpus, steps=2, out_dir=tmp_path / kind,
+                             config=HeadConfig(vocab=40, n_heads=2, window=16, batch_size=2),
+                             features=tmp_path / "f", progress=False)
+        heads = load_heads(result.path, target)
+        rows = heads.vocab_map.to(torch.long)
+        torch.testing.assert_close(heads.out_weight.float(), lm.dequantized_weight()[rows].to(target.model.dtype).float())
+        drafter = drafters_module.head_drafter(SimpleNamespace(target=target), result.path, shape=kary(2, 2), topk=2, depth=2,
+                               budget=4)
+        plain = plain_generate(target, PROMPTS[0], max_new_tokens=12)
+        out = speculative_generate(target, drafter, PROMPTS[0], max_new_tokens=12)
+        assert out.output_ids == plain.output_ids and out.steps
 
 
 # -- per-head accuracy ----------------------------------------------------------------------------

@@ -45,12 +45,19 @@ __all__ = [
 
 
 def _lm_head(target: LoadedModel) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The target's LM head weight ``(V, H)`` and bias (or None), detached (shared storage)."""
+    """The target's LM head weight ``(V, H)`` and bias (or None), detached: the target's own
+    tensors (shared storage), or, for a head in an integer weight mode (int8, int4, w8a8),
+    the weights its kernel multiplies by, dequantized into the target's activation dtype."""
     head = target.model.get_output_embeddings()
-    if head is None or not hasattr(head, "weight"):
-        raise ValueError(f"target {target.name!r} has no linear LM head to share with draft heads")
     bias = getattr(head, "bias", None)
-    return head.weight.detach(), (None if bias is None else bias.detach())
+    bias = None if bias is None else bias.detach()
+    weight = getattr(head, "weight", None)
+    if isinstance(weight, torch.Tensor):
+        return weight.detach(), bias
+    if head is not None and hasattr(head, "dequantized_weight"):
+        dtype = target.model.dtype
+        return head.dequantized_weight().to(dtype), (None if bias is None else bias.to(dtype))
+    raise ValueError(f"target {target.name!r} has no linear LM head to share with draft heads")
 
 
 def _check_vocab_map(vocab_map: torch.Tensor | Sequence[int] | None, vocab_size: int) -> torch.Tensor | None:
