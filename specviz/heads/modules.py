@@ -13,7 +13,8 @@ reduced draft vocabulary both can score.
   still uses the target's full vocabulary, so decoding stays lossless).
 
 Both modules share the target's frozen weights (LM head, and the embeddings for EAGLE)
-without copying them: those are non-persistent buffers, so a module's ``state_dict``
+without copying them (an integer-mode target's packed LM head is dequantized once instead):
+those are non-persistent buffers, so a module's ``state_dict``
 holds only what training changed (plus the ``vocab_map``). Build them from a target with
 ``from_target``.
 
@@ -46,7 +47,7 @@ __all__ = [
 
 def _lm_head(target: LoadedModel) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The target's LM head weight ``(V, H)`` and bias (or None), detached: the target's own
-    tensors (shared storage), or, for a head in an integer weight mode (int8, int4, w8a8),
+    tensors (shared storage), or, for an LM head in an integer weight mode (int8, int4, w8a8),
     the weights its kernel multiplies by, dequantized into the target's activation dtype."""
     head = target.model.get_output_embeddings()
     bias = getattr(head, "bias", None)

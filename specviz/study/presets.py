@@ -140,7 +140,8 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
         NotebookRun(_HEADS, {"max_new_tokens": 8, "train_prompts": 1, "train_tasks": 2, "train_tokens": 16,
                              "train_steps": 5, "budgets": [4], "others": [], "timed": False}),
     ), report="08_report"),
-    Preset("quick", "the default study: about 25 minutes on a 2-core CPU (16 for 01-08)", _QUICK_RUNS,
+    Preset("quick", "the default study, in auto's weight mode: about 24 minutes on a 2-core CPU in int8 (28 in "
+           "fp32), plus auto's one-time probe of the machine", _QUICK_RUNS,
            report="08_report", dtype="auto"),
     Preset("standard", "the acceptance study (03) on every prompt x 128 tokens, the rest as in quick: "
            "about 50 minutes on a 2-core CPU", tuple(
