@@ -29,6 +29,7 @@ from specviz.models.weights import (
     Int4Linear,
     Int8Linear,
     W8A8Linear,
+    W8A8TokenLinear,
     WxLinear,
     input_absmax,
     parse_weight_mode,
@@ -63,13 +64,14 @@ def test_every_mode_runs_with_a_kv_cache(tiny_pair, ids, mode):
     # The cache path gives the logits of one full forward, up to float rounding (w8a8: up to
     # 7-bit activation rounding, as the 48-token forward takes the weight-only path).
     full = forward_tokens(model.model, new_cache(model.model), ids, torch.arange(48)[None], None).float()
-    tol = 0.05 if mode == "w8a8" else 0.01
+    tol = 0.05 if mode.startswith("w8a8") else 0.01
     assert (logits - full).abs().max() <= tol * full.abs().max()
     assert tiny_pair.target.weight_mode == "fp32"  # the source is left as it was
 
 
 def test_converted_layers_replace_every_linear_and_keep_the_embeddings(tiny_pair):
-    expected = {"int8": Int8Linear, "int4": Int4Linear, "fp32-wx": WxLinear, "w8a8": W8A8Linear}
+    expected = {"int8": Int8Linear, "int4": Int4Linear, "fp32-wx": WxLinear, "w8a8": W8A8Linear,
+                "w8a8-token": W8A8TokenLinear}
     for mode, cls in expected.items():
         model = load_model(tiny_pair.target, mode).model
         assert not any(isinstance(m, nn.Linear) for m in model.modules())
@@ -143,6 +145,54 @@ def test_w8a8_smoothing_moves_an_outlier_channel_into_the_weights():
         W8A8Linear.from_linear(linear, torch.ones(3))
 
 
+def test_w8a8_token_rows_do_not_depend_on_their_forward():
+    gen = torch.Generator().manual_seed(3)
+    linear = nn.Linear(256, 64, bias=True)
+    x = torch.randn(6, 256, generator=gen)  # (M, K)
+    x[:, 7] *= 80.0
+    x[2] *= 0.01  # a token far smaller than the others: one scale per forward would flatten it
+    x[4] = 0.0  # and an all-zero row
+    ref = linear(x).detach()
+    absmax = x.abs().amax(0)
+    per_token = W8A8TokenLinear.from_linear(linear, absmax)
+    per_forward = W8A8Linear.from_linear(linear, absmax)
+    batched = per_token(x)
+    alone = torch.cat([per_token(x[i:i + 1]) for i in range(6)])
+    assert torch.equal(batched, alone)  # bit for bit, whatever shares the forward
+    assert torch.equal(per_token(x[1:4]), batched[1:4])
+    assert not torch.equal(per_forward(x), torch.cat([per_forward(x[i:i + 1]) for i in range(6)]))
+    torch.testing.assert_close(batched[4], linear.bias.detach())  # a zero token gives the bias
+    # The small token keeps its own resolution: its error is relative to its own size.
+    small_err = (batched[2] - ref[2]).abs().max() / (ref[2] - linear.bias.detach()).abs().max()
+    small_err_forward = (per_forward(x)[2] - ref[2]).abs().max() / (ref[2] - linear.bias.detach()).abs().max()
+    assert small_err < 0.05 and small_err < 0.5 * small_err_forward
+    assert (batched - ref).abs().max() <= 0.02 * ref.abs().max()
+    # Long forwards (prefills) take the same kernel and stay invariant too.
+    long_x = x.repeat(20, 1)  # (120, K)
+    assert torch.equal(per_token(long_x)[:6], batched)
+    twin = copy.deepcopy(per_token)  # repacked with its two extra zero columns
+    assert torch.equal(twin(x), batched) and twin._packed is not per_token._packed
+    torch.testing.assert_close(per_token.dequantized_weight(), per_forward.dequantized_weight())
+    # Without the residual pass, activations keep 8 bits and the rows stay independent.
+    one_pass = W8A8TokenLinear.from_linear(linear, absmax, residual=False)
+    assert torch.equal(one_pass(x), torch.cat([one_pass(x[i:i + 1]) for i in range(6)]))
+    # Against the product with the layer's own quantized weights, the residual pass leaves a
+    # small fraction of one pass's activation rounding error.
+    exact = nn.functional.linear(x, per_token.dequantized_weight(), linear.bias.detach())
+    assert (batched - exact).abs().max() < 0.1 * (one_pass(x) - exact).abs().max()
+    assert copy.deepcopy(one_pass).residual is False
+
+
+def test_speculative_w8a8_token_commits_what_plain_w8a8_token_decoding_does():
+    pair = tiny_pair(dtype="w8a8-token")
+    assert pair.target.weight_mode == pair.draft.weight_mode == "w8a8-token"
+    plain = plain_generate(pair.target, PROMPT, max_new_tokens=40)
+    for k in (1, 4):
+        spec = speculative_generate(pair.target, ChainDrafter(pair.draft, k), PROMPT, max_new_tokens=40)
+        assert spec.output_ids == plain.output_ids
+        assert spec.n_steps < len(plain.output_ids)
+
+
 def test_w8a8_is_calibrated_on_tokens(tiny_pair, ids):
     absmax = input_absmax(tiny_pair.target.model, ids)
     assert "lm_head" in absmax and absmax["model.layers.0.mlp.down_proj"].shape == (128,)
@@ -190,7 +240,7 @@ def test_mode_names_and_errors(tiny_pair):
     assert parse_weight_mode("float32") is WEIGHT_MODES["fp32"]
     assert [m.name for m in WEIGHT_MODES.values() if m.lossless] == ["fp32"]
     for bad in ("int3", "q8_0", torch.int8, None):
-        with pytest.raises(ValueError, match="unknown weight mode .*use one of fp32, bf16, fp16, fp32-wx, int8, int4, w8a8"):
+        with pytest.raises(ValueError, match="unknown weight mode .*use one of fp32, bf16, fp16, fp32-wx, int8, int4, w8a8, w8a8-token"):
             parse_weight_mode(bad)
     with pytest.raises(ValueError, match="unknown weight mode 'int2'"):
         load_pair(tiny_pair.target, tiny_pair.draft, dtype="int2")

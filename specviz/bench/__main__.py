@@ -110,7 +110,7 @@ def _e2e_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default=None, help="target model (default: the built-in 1.5B)")
     p.add_argument("--draft", default=None, help="draft model (default: the built-in 0.5B)")
     p.add_argument("--dtype", default="bf16",
-                   help="weight mode of both models: fp32, bf16 (default), fp16, fp32-wx, int8, int4, w8a8, or auto "
+                   help="weight mode of both models: fp32, bf16 (default), fp16, fp32-wx, int8, int4, w8a8, w8a8-token, or auto "
                         "(the fastest mode that passes the accuracy bar on this machine, probed once and cached)")
     p.add_argument("--device", default="auto",
                    help="where the models run: auto (default: CUDA, then MPS, then the CPU, among those "

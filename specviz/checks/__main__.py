@@ -49,8 +49,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sections", default="identity,bf16,adaptive",
                         help="comma-separated: identity (fp32), a weight mode (bf16, int8, w8a8, ...), accuracy, "
                              "adaptive (default identity,bf16,adaptive)")
-    parser.add_argument("--accuracy-modes", default="bf16,int8,int4,w8a8",
-                        help="weight modes the accuracy section compares with fp32 (default bf16,int8,int4,w8a8)")
+    parser.add_argument("--accuracy-modes", default="bf16,int8,int4,w8a8,w8a8-token",
+                        help="weight modes the accuracy section compares with fp32 (default bf16,int8,int4,w8a8,w8a8-token)")
     parser.add_argument("--chunk", type=int, default=4,
                         help="accuracy: continuation tokens per forward, as verification feeds them (default 4)")
     parser.add_argument("--drafters", default="",

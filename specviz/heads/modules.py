@@ -47,7 +47,7 @@ __all__ = [
 
 def _lm_head(target: LoadedModel) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The target's LM head weight ``(V, H)`` and bias (or None), detached: the target's own
-    tensors (shared storage), or, for an LM head in an integer weight mode (int8, int4, w8a8),
+    tensors (shared storage), or, for an LM head in an integer weight mode (int8, int4, w8a8, w8a8-token),
     the weights its kernel multiplies by, dequantized into the target's activation dtype."""
     head = target.model.get_output_embeddings()
     bias = getattr(head, "bias", None)

@@ -30,7 +30,7 @@ __all__ = ["AUTO_CANDIDATES", "machine_key", "probe_weight_modes", "recorded_pro
            "is_auto", "resolve_auto"]
 
 #: the modes ``auto`` considers, where their kernels exist on the device
-AUTO_CANDIDATES: tuple[str, ...] = ("fp32", "bf16", "int8", "int4", "w8a8")
+AUTO_CANDIDATES: tuple[str, ...] = ("fp32", "bf16", "int8", "int4", "w8a8", "w8a8-token")
 
 
 def machine_key() -> str:

@@ -570,7 +570,7 @@ def load_model(name_or_path: "str | os.PathLike | LoadedModel", dtype: WeightMod
             Hugging Face Hub id (needs network the first time). A ``LoadedModel`` is
             returned unchanged if its weight mode matches, or converted as a copy otherwise.
         dtype: a weight mode of :data:`~specviz.models.weights.WEIGHT_MODES` ("fp32",
-            "bf16", "fp16", "fp32-wx", "int8", "int4", "w8a8") or a torch float dtype; bf16
+            "bf16", "fp16", "fp32-wx", "int8", "int4", "w8a8", "w8a8-token") or a torch float dtype; bf16
             (default) is fast on CPUs with bf16 units, fp32 is the reference for exact-equality
             tests, int8 and int4 quantize the fp32 weights (small forwards are cheaper on AVX2
             CPUs). ``"auto"``: the fastest mode on this machine that passes the accuracy bar
