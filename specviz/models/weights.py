@@ -66,7 +66,6 @@ _W8A8_WEIGHT_LEVELS = 63.0
 _W8A8_TOKEN_CODES = 127.0  # W8A8TokenLinear's activation codes: [-127, 127] around fbgemm's zero point 128
 
 
-
 def _flat(x: torch.Tensor, in_features: int) -> torch.Tensor:
     """(..., K) -> (M, K), checking K."""
     if x.shape[-1] != in_features:
