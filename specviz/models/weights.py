@@ -270,11 +270,15 @@ class W8A8Linear(nn.Module):
         self.alpha, self.dynamic_rows = alpha, dynamic_rows
         self._packed = self._pack()
 
+    def _packed_source(self) -> torch.Tensor:
+        """The int8 weight fbgemm packs, (N, K)."""
+        return self.qweight
+
     def _pack(self):
         n = self.out_features
         with warnings.catch_warnings():  # quantized tensors are deprecated as a user API, not fbgemm's kernels
             warnings.simplefilter("ignore", UserWarning)
-            qw = torch._make_per_channel_quantized_tensor(self.qweight, self.scales.double(),
+            qw = torch._make_per_channel_quantized_tensor(self._packed_source(), self.scales.double(),
                                                           torch.zeros(n, dtype=torch.long), 0)
             return torch.ops.quantized.linear_prepack(qw, None)
 
@@ -360,14 +364,9 @@ class W8A8TokenLinear(W8A8Linear):
         super().__init__(weight, bias, input_absmax, alpha)
         self.residual = bool(residual)
 
-    def _pack(self):
-        n = self.out_features
-        padded = torch.cat([self.qweight, self.qweight.new_zeros(n, 2)], dim=1)  # (N, K + 2)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            qw = torch._make_per_channel_quantized_tensor(padded, self.scales.double(),
-                                                          torch.zeros(n, dtype=torch.long), 0)
-            return torch.ops.quantized.linear_prepack(qw, None)
+    def _packed_source(self) -> torch.Tensor:
+        """The weight with zero columns for the two range inputs, (N, K + 2)."""
+        return torch.cat([self.qweight, self.qweight.new_zeros(self.out_features, 2)], dim=1)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, input_absmax: torch.Tensor | None = None,
@@ -477,8 +476,8 @@ WEIGHT_MODES: dict[str, WeightMode] = {
                    "activations between layers", False, torch.float32, W8A8Linear.from_linear, calibrated=True,
                    devices=_CPU_ONLY),
         WeightMode("w8a8-token", "int8 weights x int8 activations (SmoothQuant, one scale per token plus an "
-                   "int8 pass over the rounding residual; batch-invariant); fp32 activations between layers", False, torch.float32, W8A8TokenLinear.from_linear,
-                   calibrated=True, devices=_CPU_ONLY),
+                   "int8 pass over the rounding residual; batch-invariant); fp32 activations between layers", False,
+                   torch.float32, W8A8TokenLinear.from_linear, calibrated=True, devices=_CPU_ONLY),
     )
 }
 
