@@ -191,6 +191,20 @@ def test_pair_with_different_special_tokens_is_refused():
         check_same_tokenizer(target_tok, draft_tok)
 
 
+def test_a_pair_found_equal_is_checked_again_after_a_change():
+    target_tok, draft_tok = tiny_tokenizer(), tiny_tokenizer()
+    check_same_tokenizer(target_tok, draft_tok)
+    check_same_tokenizer(target_tok, draft_tok)  # remembered
+    draft_tok.eos_token = "<|endoftext|>"
+    with pytest.raises(TokenizerMismatchError, match="eos_token_id differs"):
+        check_same_tokenizer(target_tok, draft_tok)
+    other = tiny_tokenizer()
+    check_same_tokenizer(target_tok, other)
+    other.add_tokens(["<extra_token>"])
+    with pytest.raises(TokenizerMismatchError, match="only in draft"):
+        check_same_tokenizer(target_tok, other)
+
+
 def test_pair_of_tiny_models_loads():
     pair = load_pair(tiny_model(seed=0), tiny_model(seed=1), dtype="fp32")
     assert pair.target.name != pair.draft.name

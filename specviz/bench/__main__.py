@@ -4,7 +4,9 @@
 transformers' own decoding, with llama.cpp's when its programs are found
 (:mod:`specviz.bench.llama`), and with specviz's strategies (:mod:`specviz.bench.e2e` says
 what each method and CSV column means); ``python -m specviz.bench attention`` times tree
-attention against per-path and causal attention (:mod:`specviz.bench.attention`).
+attention against per-path and causal attention (:mod:`specviz.bench.attention`);
+``python -m specviz.bench profile`` splits runs' time by phase and kind of work
+(:mod:`specviz.bench.profile`).
 
 Rows are appended to the CSV as each (repeat, prompt) finishes; running the same
 command again skips the rows already there (``--fresh`` starts over). Before the rounds
@@ -23,6 +25,7 @@ Usage::
         --methods merged-medusa-n4+ngram-n3-k8 ngram-n3-k8 llama-ngram-n3-k8 --llama-cpp ~/llama.cpp/build
     python -m specviz.bench --device cuda --dtype bf16 --limit 7
     python -m specviz.bench attention --budgets 8 16 32 64 --batch-sizes 1 4 --prefix-lens 128 512 2048
+    python -m specviz.bench profile --dtype w8a8-token --methods specviz-plain chain-k2 ngram-n3-k8
 """
 
 from __future__ import annotations
@@ -190,6 +193,33 @@ def _load_models(args: argparse.Namespace):
     return load_pair(args.target or DEFAULT_TARGET, args.draft or DEFAULT_DRAFT, dtype=dtype, device=args.device)
 
 
+def _resolve_models(args: argparse.Namespace) -> tuple[tuple[str, str], torch.device]:
+    """The (target, draft) names, with ``args.dtype`` resolved to a weight mode's name
+    (``auto`` probed), ``args.device`` to a device and ``--threads`` applied."""
+    from specviz.models.loading import DEFAULT_DRAFT, DEFAULT_TARGET
+    from specviz.models.weights import parse_weight_mode
+
+    if args.models == "tiny":
+        names = ("tiny-qwen2-seed0", "tiny-qwen2-seed0-draft")
+    else:
+        names = (args.target or DEFAULT_TARGET, args.draft or DEFAULT_DRAFT)
+    try:
+        if is_auto(args.dtype):
+            args.dtype = "fp32" if args.models == "tiny" else resolve_auto(names[0], args.device)
+        mode = parse_weight_mode(args.dtype)
+    except ValueError as exc:
+        raise _UsageError(f"--dtype: {exc}") from None
+    try:
+        device = resolve_device(args.device, mode)
+    except ValueError as exc:
+        raise _UsageError(f"--device: {exc}") from None
+    args.dtype = mode.name
+    args.device = str(device)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    return names, device
+
+
 def _existing_rows(out: Path, fresh: bool) -> pd.DataFrame:
     if fresh or not out.exists() or out.stat().st_size == 0:
         return pd.DataFrame(columns=list(COLUMNS))
@@ -332,27 +362,8 @@ def _run(args: argparse.Namespace, specs: list[MethodSpec]) -> int:
     if existing.empty:  # the costs belong to the rows they price: none kept, none reused
         _costs_path(out).unlink(missing_ok=True)
 
-    from specviz.models.loading import DEFAULT_DRAFT, DEFAULT_TARGET
-    from specviz.models.weights import parse_weight_mode
-
-    if args.models == "tiny":
-        names = ("tiny-qwen2-seed0", "tiny-qwen2-seed0-draft")
-    else:
-        names = (args.target or DEFAULT_TARGET, args.draft or DEFAULT_DRAFT)
-    try:
-        if is_auto(args.dtype):
-            args.dtype = "fp32" if args.models == "tiny" else resolve_auto(names[0], args.device)
-        mode = parse_weight_mode(args.dtype)
-    except ValueError as exc:
-        raise _UsageError(f"--dtype: {exc}") from None
-    try:
-        device = resolve_device(args.device, mode)
-    except ValueError as exc:
-        raise _UsageError(f"--device: {exc}") from None
-    dtype = args.dtype = mode.name
-    args.device = str(device)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    names, device = _resolve_models(args)
+    dtype = args.dtype
     run = {"temperature": args.temperature, "max_new_tokens": args.max_new_tokens, "seed": args.seed,
            "dtype": dtype, "device": str(device), "target": names[0], "draft": names[1], "threads": torch.get_num_threads()}
     verifiers = {s.name: s.verifier(args.temperature, args.verifier) for s in specs}
@@ -568,6 +579,97 @@ def _attention(argv: list[str]) -> int:
     return 0
 
 
+# -- where the time goes --------------------------------------------------------------------------
+
+def _profile_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m specviz.bench profile",
+        description="Where a decoding run's time goes: each method's greedy generation under torch's profiler, "
+                    "split by phase of the engine (prefill, draft, tree, forward, verify, update, cache, other) "
+                    "and by kind of work (int8/int4 products, float products, attention, other operators, "
+                    "Python), in milliseconds per generated token.")
+    p.add_argument("--methods", nargs="+", default=["specviz-plain", "chain-k2", "ngram-n3-k8"], metavar="METHOD",
+                   help="methods in the benchmark's grammar (default: specviz-plain chain-k2 ngram-n3-k8); "
+                        "transformers' own (plain, hf-*) show as one 'other' phase")
+    p.add_argument("--prompts", type=Path, default=None,
+                   help="Spec-Bench-format JSON Lines question file (default: the shipped data/prompts.jsonl)")
+    p.add_argument("--limit", type=int, default=1,
+                   help="first N prompts, taken round-robin over categories (default 1); totals are over all")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="token budget per generation (default 64)")
+    p.add_argument("--models", choices=("builtin", "tiny"), default="builtin",
+                   help="builtin: --target and --draft (default); tiny: specviz's tiny random pair (tests)")
+    p.add_argument("--target", default=None, help="target model (default: the built-in 1.5B)")
+    p.add_argument("--draft", default=None, help="draft model (default: the built-in 0.5B)")
+    p.add_argument("--dtype", default="bf16", help="weight mode of both models, as for the benchmark (default bf16)")
+    p.add_argument("--device", default="auto", help="auto (default), cpu, cuda[:N] or mps")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
+    p.add_argument("--heads", nargs="+", default=None, metavar="DIR",
+                   help="trained-heads result directories the medusa / eagle methods draft with, one per kind")
+    p.add_argument("--out", default="profile.csv",
+                   help="CSV file of the per-prompt rows; a relative name lands under outputs/ (default %(default)s)")
+    return p
+
+
+def _profile(argv: list[str]) -> int:
+    from specviz.bench.profile import KINDS, aggregate_profile, profile_methods
+    from specviz.decode.engine import encode_prompt
+    from specviz.study.prompts import load_prompts
+
+    args = _profile_parser().parse_args(argv)
+    if args.limit < 1:
+        raise _UsageError(f"--limit must be >= 1, got {args.limit}")
+    if args.max_new_tokens < 1:
+        raise _UsageError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.threads is not None and args.threads < 1:
+        raise _UsageError(f"--threads must be >= 1, got {args.threads}")
+    try:
+        specs = [parse_method(m) for m in args.methods]
+    except ValueError as exc:
+        raise _UsageError(f"{exc}\nmethod grammar:\n{_grammar_text()}") from None
+    llama = [s.name for s in specs if s.family in LLAMA_METHODS]
+    if llama:
+        raise _UsageError(f"methods {llama} run in llama.cpp's own process, which torch's profiler cannot see")
+    try:
+        prompts = load_prompts(args.prompts, limit=args.limit)
+    except (OSError, ValueError) as exc:
+        raise _UsageError(str(exc)) from None
+    if args.heads:
+        from specviz.heads.training import HEADS_ENV
+
+        os.environ[HEADS_ENV] = os.pathsep.join(str(Path(e).expanduser().resolve()) for e in args.heads)
+    _resolve_models(args)
+    out = output_path(args.out)
+    pair = _load_models(args)
+    print(f"specviz.bench profile: {len(prompts)} prompts x {len(specs)} methods, max_new_tokens="
+          f"{args.max_new_tokens}, {args.dtype} on {args.device}, {torch.get_num_threads()} torch threads")
+    tables = []
+    for prompt in prompts:
+        ids = encode_prompt(pair.target.tokenizer, prompt.text, chat=True)
+
+        def done(table: pd.DataFrame) -> None:
+            top = table.sort_values("ms_per_token", ascending=False).iloc[0]
+            print(f"q{prompt.question_id} {prompt.category:<15} {table['method'].iloc[0]:<18} "
+                  f"{1e3 * table['wall_s'].iloc[0] / max(int(table['tokens'].iloc[0]), 1):7.1f} ms/token "
+                  f"(profiled {table['ms_per_token'].sum():.1f}); most in {top['phase']}", flush=True)
+
+        try:
+            table = profile_methods([s.name for s in specs], pair, ids, max_new_tokens=args.max_new_tokens,
+                                    on_method=done)
+        except (ValueError, TypeError, FileNotFoundError) as exc:
+            raise _UsageError(str(exc)) from None
+        table.insert(1, "question_id", prompt.question_id)
+        table.insert(2, "category", prompt.category)
+        tables.append(table)
+    rows = pd.concat(tables, ignore_index=True)
+    rows.to_csv(out, index=False)
+    summary = aggregate_profile(rows)
+    cols = ["method", "phase", "ms_per_token", "share", *KINDS]
+    print(f"\nmilliseconds per generated token, over {len(prompts)} prompts (share of the profiled wall time):")
+    print(_format(summary[cols]))
+    print(f"\nrows: {out}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (2 for a bad command line or input)."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -575,6 +677,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             if argv[:1] == ["attention"]:
                 return _attention(argv[1:])
+            if argv[:1] == ["profile"]:
+                return _profile(argv[1:])
             return _e2e(argv)
         except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
             return exc.code if isinstance(exc.code, int) else 2

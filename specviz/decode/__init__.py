@@ -5,6 +5,7 @@ draft ranks (:mod:`~specviz.decode.ranks`) and the target's view of draft trees 
 scoring sampling rules (:mod:`~specviz.decode.scoring`)."""
 
 from specviz.decode.engine import *  # noqa: F401,F403
+from specviz.decode.phases import *  # noqa: F401,F403
 from specviz.decode.ranks import *  # noqa: F401,F403
 from specviz.decode.records import *  # noqa: F401,F403
 from specviz.decode.replay import *  # noqa: F401,F403

@@ -45,6 +45,7 @@ from typing import Sequence
 
 import torch
 
+from specviz.decode.phases import phase
 from specviz.decode.records import GenerationResult, StepTrace, StopRules
 from specviz.draft.base import Drafter, draft_all
 from specviz.models.kvcache import cache_length, compact_cache, forward_tokens, new_cache, select_rows, stack_caches
@@ -239,14 +240,15 @@ def _verify_row(row: _Row, tree: DraftTree, logits: torch.Tensor, verifier: Veri
                 side: SideBranch | None) -> StepTrace:
     """Apply the verification rule to one row's tree and record the step; ``logits`` ``(N, V)``."""
     t0 = time.perf_counter()
-    acc = verifier(tree, logits, config, row.generator)
-    verify_time = forward_time + time.perf_counter() - t0
-    if analyze:
-        node_probs = _node_probs(tree, logits, config)
-        expected = verifier.expected_accepted(tree, logits, config)
-    else:
-        node_probs = torch.full((tree.n_nodes,), float("nan"))
-        expected = float("nan")
+    with phase("verify"):
+        acc = verifier(tree, logits, config, row.generator)
+        verify_time = forward_time + time.perf_counter() - t0
+        if analyze:
+            node_probs = _node_probs(tree, logits, config)
+            expected = verifier.expected_accepted(tree, logits, config)
+        else:
+            node_probs = torch.full((tree.n_nodes,), float("nan"))
+            expected = float("nan")
     return StepTrace(
         step=len(row.steps),
         tree=tree if keep_draft_probs or tree.draft_probs is None else replace(tree, draft_probs=None),
@@ -283,33 +285,40 @@ def _run(target: LoadedModel, drafters: list[Drafter], prompts: list[list[int]],
     active = list(range(len(rows)))
     # drafters that read the target's hidden states get them after the prefill and after every step
     want_hidden = any(row.drafter.needs_target_hidden for row in rows)
-    cache, prefill_hidden = _prefill(target, [r.tokens for r in rows], hidden=want_hidden)
+    with phase("prefill"):
+        cache, prefill_hidden = _prefill(target, [r.tokens for r in rows], hidden=want_hidden)
     if want_hidden:
-        for row, states in zip(rows, prefill_hidden):
-            if row.drafter.needs_target_hidden:
-                row.drafter.observe_hidden(None, states)
+        with phase("update"):
+            for row, states in zip(rows, prefill_hidden):
+                if row.drafter.needs_target_hidden:
+                    row.drafter.observe_hidden(None, states)
     while active:
         t0 = time.perf_counter()
         contexts = [torch.tensor(rows[i].tokens) for i in active]  # (L_b,) per row
-        drafted = draft_all([rows[i].drafter for i in active], contexts, config, mode,
-                            [rows[i].generator for i in active])
+        with phase("draft"):
+            drafted = draft_all([rows[i].drafter for i in active], contexts, config, mode,
+                                [rows[i].generator for i in active])
         draft_time = time.perf_counter() - t0
-        trees = []
-        for i, tree in zip(active, drafted):
-            row = rows[i]
-            tree = _checked_tree(tree, row.drafter, row.tokens, vocab)
-            room = stops.room(len(row.prompt), row.generated)
-            trees.append(_limit_depth(tree, room - 1))
+        with phase("tree"):
+            trees = []
+            for i, tree in zip(active, drafted):
+                row = rows[i]
+                tree = _checked_tree(tree, row.drafter, row.tokens, vocab)
+                room = stops.room(len(row.prompt), row.generated)
+                trees.append(_limit_depth(tree, room - 1))
         prefix = [len(rows[i].tokens) - 1 for i in active]
         assert cache_length(cache) == max(prefix), "cache length out of sync with the committed prefixes"
         t0 = time.perf_counter()
-        sides = [_side_branch(rows[i], c, t, p, target.max_context)
-                 for i, c, t, p in zip(active, contexts, trees, prefix)]
+        with phase("draft"):
+            sides = [_side_branch(rows[i], c, t, p, target.max_context)
+                     for i, c, t, p in zip(active, contexts, trees, prefix)]
         draft_time += time.perf_counter() - t0
-        batch = pad_trees(trees, prefix, sides=sides)
+        with phase("tree"):
+            batch = pad_trees(trees, prefix, sides=sides)
         t0 = time.perf_counter()
-        out = forward_tokens(target.model, cache, batch.tokens, batch.position_ids, batch.mask,
-                             attention=attention, hidden=want_hidden)
+        with phase("forward"):
+            out = forward_tokens(target.model, cache, batch.tokens, batch.position_ids, batch.mask,
+                                 attention=attention, hidden=want_hidden)
         logits, hidden = out if want_hidden else (out, None)  # (B, Nmax, V), (B, Nmax, E)
         forward_time = time.perf_counter() - t0
         pmax = max(prefix)
@@ -321,12 +330,13 @@ def _run(target: LoadedModel, drafters: list[Drafter], prompts: list[list[int]],
             trace = _verify_row(row, tree, logits[b, :n], verifier, config, analyze, keep_draft_probs,
                                 draft_time, forward_time, side)
             row.steps.append(trace)
-            row.drafter.observe_target(trace, logits[b, :n], logits[b, n:n + s] if side is not None else None)
-            if hidden is not None and row.drafter.needs_target_hidden:
-                row.drafter.observe_hidden(trace, hidden[b, :n])
-            row.drafter.observe(trace)
-            acc = trace.acceptance
-            row.commit(acc.committed_tokens, stops)
+            with phase("update"):
+                row.drafter.observe_target(trace, logits[b, :n], logits[b, n:n + s] if side is not None else None)
+                if hidden is not None and row.drafter.needs_target_hidden:
+                    row.drafter.observe_hidden(trace, hidden[b, :n])
+                row.drafter.observe(trace)
+                acc = trace.acceptance
+                row.commit(acc.committed_tokens, stops)
             if row.stop_reason:
                 row.wall_s = time.perf_counter() - start
                 continue
@@ -336,9 +346,10 @@ def _run(target: LoadedModel, drafters: list[Drafter], prompts: list[list[int]],
         active = [active[b] for b in keep_rows]
         if not active:
             break
-        if len(keep_rows) < len(trees):
-            select_rows(cache, keep_rows)
-        compact_cache(cache, dst, src, max(d + len(s) for d, s in zip(dst, src)))
+        with phase("cache"):
+            if len(keep_rows) < len(trees):
+                select_rows(cache, keep_rows)
+            compact_cache(cache, dst, src, max(d + len(s) for d, s in zip(dst, src)))
     name = drafters[0].name
     return [_finish(target, row, start, name, verifier.name, config, max_new_tokens) for row in rows]
 
@@ -454,7 +465,8 @@ def plain_generate(target: LoadedModel, prompt: str | Sequence[int], *, max_new_
     reason = ""
     while not reason:
         pos = torch.arange(len(tokens) - feed.shape[1], len(tokens))[None]  # (1, n)
-        logits = forward_tokens(target.model, cache, feed, pos, None, logits_to_keep=1)[0, -1]  # (V,)
+        with phase("prefill" if len(tokens) == len(ids) else "forward"):
+            logits = forward_tokens(target.model, cache, feed, pos, None, logits_to_keep=1)[0, -1]  # (V,)
         if config.greedy:
             nxt = int(logits.argmax())
         else:

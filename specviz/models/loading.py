@@ -34,6 +34,7 @@ import shutil
 import sys
 import tempfile
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -642,9 +643,27 @@ def load_model(name_or_path: "str | os.PathLike | LoadedModel", dtype: WeightMod
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, dtype=dtype, weight_mode=mode.name)
 
 
+#: tokenizer pairs found equal, with their sizes and special ids then (a change since is checked again)
+_SAME_TOKENIZERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _tokenizer_signature(tok) -> tuple:
+    return (len(tok), *(getattr(tok, a, None) for a in ("bos_token_id", "eos_token_id", "pad_token_id")))
+
+
 def check_same_tokenizer(target_tok, draft_tok) -> None:
     """Raise :class:`TokenizerMismatchError` naming the difference if the two tokenizers
-    would not map text to the same ids."""
+    would not map text to the same ids.
+
+    Comparing two vocabularies of 150k entries takes a few hundred milliseconds, so a pair
+    found equal is remembered (for as long as both objects live and keep their sizes) and not
+    compared again on every generation."""
+    signature = (_tokenizer_signature(target_tok), _tokenizer_signature(draft_tok))
+    try:
+        if _SAME_TOKENIZERS.get(target_tok, {}).get(draft_tok) == signature:
+            return
+    except TypeError:  # objects that cannot be weakly referenced are compared every time
+        pass
     problems = []
     tv, dv = target_tok.get_vocab(), draft_tok.get_vocab()
     if tv != dv:
@@ -670,6 +689,10 @@ def check_same_tokenizer(target_tok, draft_tok) -> None:
         problems.append(f"special tokens differ: target {ta}, draft {da}")
     if problems:
         raise TokenizerMismatchError("target and draft tokenizers differ: " + "; ".join(problems))
+    try:
+        _SAME_TOKENIZERS.setdefault(target_tok, weakref.WeakKeyDictionary())[draft_tok] = signature
+    except TypeError:
+        pass
 
 
 def load_pair(target: "str | LoadedModel" = DEFAULT_TARGET, draft: "str | LoadedModel" = DEFAULT_DRAFT,

@@ -63,6 +63,7 @@ __all__ = [
     "rules_units",
     "timed_units",
     "cost_units",
+    "profile_units",
     "tree_drafter",
     "result_from_row",
 ]
@@ -488,6 +489,37 @@ def timed_units(models: ModelSpec, prompt: Prompt, methods: Sequence[tuple[str, 
                  {"prompt": prompt, "method": label, "make": make, "max_new_tokens": max_new_tokens,
                   "position": first_position + i})
             for i, (label, make) in enumerate(methods)]
+
+
+def _profile_rows(models: ModelSpec, prompt: Prompt, method: str, max_new_tokens: int,
+                  warmup: bool) -> list[dict[str, Any]]:
+    from specviz.bench.e2e import parse_method
+    from specviz.bench.profile import profile_method
+    from specviz.decode.engine import encode_prompt
+    from specviz.draft.registry import build_drafter
+
+    loaded = models_for(models)
+    spec = parse_method(method)
+    drafter = build_drafter(spec, loaded) if spec.is_strategy else None
+    ids = encode_prompt(loaded.target.tokenizer, prompt.text)
+    table = profile_method(spec, loaded, ids, max_new_tokens=max_new_tokens, drafter=drafter,
+                           verifier=spec.verifier(0.0), warmup=warmup)
+    table.insert(1, "question_id", prompt.question_id)
+    table.insert(2, "category", prompt.category)
+    return table.to_dict("records")
+
+
+def profile_units(models: ModelSpec, prompt: Prompt, methods: Sequence[str], *, max_new_tokens: int,
+                  threads: int | None, warmup: bool = True) -> list[Unit]:
+    """One greedy generation under torch's profiler per method (names in the benchmark's
+    grammar; :func:`~specviz.bench.profile.profile_method`), unit
+    ``profile/<method>/<reference id>/threads<n>``: rows per phase of the engine, in
+    milliseconds per generated token by kind of work. ``warmup=False`` skips the untimed
+    first run (when the same process has just run the methods)."""
+    ref = reference_id(models, prompt, max_new_tokens)
+    return [Unit(f"profile/{m}/{ref}/threads{threads or 'default'}", _profile_rows,
+                 {"prompt": prompt, "method": m, "max_new_tokens": max_new_tokens, "warmup": warmup})
+            for m in methods]
 
 
 def result_from_row(row: Mapping[str, Any], max_new_tokens: int) -> GenerationResult:
