@@ -38,6 +38,7 @@ import os
 import re
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Sequence
 
@@ -133,18 +134,13 @@ def _grammar_text() -> str:
 
 
 def _check_args(args: argparse.Namespace) -> list[MethodSpec]:
-    if args.limit is not None and args.limit < 1:
-        raise _UsageError(f"--limit must be >= 1, got {args.limit}")
-    if args.max_new_tokens < 1:
-        raise _UsageError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    _check_counts(args)
     if not (args.temperature >= 0.0 and math.isfinite(args.temperature)):
         raise _UsageError(f"--temperature must be a finite number >= 0, got {args.temperature}")
     if args.repeats < 1:
         raise _UsageError(f"--repeats must be >= 1, got {args.repeats}")
     if args.warmup_tokens < 0:
         raise _UsageError(f"--warmup-tokens must be >= 0, got {args.warmup_tokens}")
-    if args.threads is not None and args.threads < 1:
-        raise _UsageError(f"--threads must be >= 1, got {args.threads}")
     if args.verifier is not None:
         from specviz.verify.rules import VERIFIERS
 
@@ -168,20 +164,55 @@ def _check_args(args: argparse.Namespace) -> list[MethodSpec]:
                           "--list-methods and the specviz.bench.llama docstring for the build commands)")
     if llama and args.models == "tiny":
         raise _UsageError(f"methods {llama} run the built-in pair's GGUF files, not --models tiny")
-    if args.heads:
-        from specviz.heads.training import HEADS_ENV, read_result_meta
-
-        kinds = {}
-        for entry in args.heads:
-            try:
-                kind = read_result_meta(entry)[1]["kind"]
-            except FileNotFoundError as exc:
-                raise _UsageError(f"--heads: {entry} holds no trained heads ({exc})") from None
-            if kind in kinds:
-                raise _UsageError(f"--heads: {kinds[kind]} and {entry} are both {kind} heads; give one per kind")
-            kinds[kind] = entry
-        args.heads_env = (HEADS_ENV, os.pathsep.join(str(Path(e).expanduser().resolve()) for e in args.heads))
+    args.heads_env = _heads_env(args.heads)
     return specs
+
+
+def _check_counts(args: argparse.Namespace) -> None:
+    """The checks of ``--limit``, ``--max-new-tokens`` and ``--threads`` both commands share."""
+    if args.limit is not None and args.limit < 1:
+        raise _UsageError(f"--limit must be >= 1, got {args.limit}")
+    if args.max_new_tokens < 1:
+        raise _UsageError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.threads is not None and args.threads < 1:
+        raise _UsageError(f"--threads must be >= 1, got {args.threads}")
+
+
+def _heads_env(entries: Sequence[str] | None) -> tuple[str, str] | None:
+    """The environment variable (name, value) that makes the head strategies draft with the
+    ``--heads`` result directories, checked (trained heads there, one per kind); None without any."""
+    if not entries:
+        return None
+    from specviz.heads.training import HEADS_ENV, read_result_meta
+
+    kinds = {}
+    for entry in entries:
+        try:
+            kind = read_result_meta(entry)[1]["kind"]
+        except FileNotFoundError as exc:
+            raise _UsageError(f"--heads: {entry} holds no trained heads ({exc})") from None
+        if kind in kinds:
+            raise _UsageError(f"--heads: {kinds[kind]} and {entry} are both {kind} heads; give one per kind")
+        kinds[kind] = entry
+    return HEADS_ENV, os.pathsep.join(str(Path(e).expanduser().resolve()) for e in entries)
+
+
+@contextmanager
+def _environment(setting: tuple[str, str] | None):
+    """``os.environ[name] = value`` for the duration (nothing for None), the old value restored."""
+    if setting is None:
+        yield
+        return
+    name, value = setting
+    before = os.environ.get(name)
+    os.environ[name] = value  # read by the head strategies' builders (specviz.heads.find_heads)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def _load_models(args: argparse.Namespace):
@@ -331,20 +362,9 @@ def _e2e(argv: list[str]) -> int:
     if args.list_methods:
         print("methods:\n" + _grammar_text())
         return 0
-    args.heads_env = None
     specs = _check_args(args)
-    if args.heads_env is None:
+    with _environment(args.heads_env):
         return _run(args, specs)
-    name, value = args.heads_env
-    before = os.environ.get(name)
-    os.environ[name] = value  # read by the head strategies' builders (specviz.heads.find_heads)
-    try:
-        return _run(args, specs)
-    finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
 
 
 def _run(args: argparse.Namespace, specs: list[MethodSpec]) -> int:
@@ -611,32 +631,29 @@ def _profile_parser() -> argparse.ArgumentParser:
 
 
 def _profile(argv: list[str]) -> int:
-    from specviz.bench.profile import KINDS, aggregate_profile, profile_methods
-    from specviz.decode.engine import encode_prompt
+    from specviz.bench.profile import check_profilable
     from specviz.study.prompts import load_prompts
 
     args = _profile_parser().parse_args(argv)
-    if args.limit < 1:
-        raise _UsageError(f"--limit must be >= 1, got {args.limit}")
-    if args.max_new_tokens < 1:
-        raise _UsageError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if args.threads is not None and args.threads < 1:
-        raise _UsageError(f"--threads must be >= 1, got {args.threads}")
+    _check_counts(args)
     try:
         specs = [parse_method(m) for m in args.methods]
     except ValueError as exc:
         raise _UsageError(f"{exc}\nmethod grammar:\n{_grammar_text()}") from None
-    llama = [s.name for s in specs if s.family in LLAMA_METHODS]
-    if llama:
-        raise _UsageError(f"methods {llama} run in llama.cpp's own process, which torch's profiler cannot see")
     try:
+        for spec in specs:
+            check_profilable(spec)
         prompts = load_prompts(args.prompts, limit=args.limit)
     except (OSError, ValueError) as exc:
         raise _UsageError(str(exc)) from None
-    if args.heads:
-        from specviz.heads.training import HEADS_ENV
+    with _environment(_heads_env(args.heads)):
+        return _run_profile(args, specs, prompts)
 
-        os.environ[HEADS_ENV] = os.pathsep.join(str(Path(e).expanduser().resolve()) for e in args.heads)
+
+def _run_profile(args: argparse.Namespace, specs: list[MethodSpec], prompts) -> int:
+    from specviz.bench.profile import KINDS, aggregate_profile, profile_methods
+    from specviz.decode.engine import encode_prompt
+
     _resolve_models(args)
     out = output_path(args.out)
     pair = _load_models(args)

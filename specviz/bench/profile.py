@@ -35,8 +35,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from specviz.decode.phases import PHASE_PREFIX, PHASES
 
-__all__ = ["KINDS", "PROFILE_COLUMNS", "op_kind", "split_events", "profile_method", "profile_methods",
-           "aggregate_profile"]
+__all__ = ["KINDS", "PROFILE_COLUMNS", "op_kind", "split_events", "check_profilable", "profile_method",
+           "profile_methods", "aggregate_profile"]
 
 #: kinds of work a phase's time is split into
 KINDS: tuple[str, ...] = ("int_products", "float_products", "attention", "other_ops", "python")
@@ -111,6 +111,16 @@ def _quiet_stderr():
         os.close(saved)
 
 
+def check_profilable(spec) -> None:
+    """Raise ValueError for a method torch's profiler cannot see (llama.cpp's, which run in
+    their own process)."""
+    from specviz.bench.e2e import LLAMA_METHODS
+
+    if spec.family in LLAMA_METHODS:
+        raise ValueError(f"{spec.name} runs in llama.cpp's own process, which torch's profiler cannot see; "
+                         "profile a specviz or transformers method")
+
+
 def _checked_tokens(max_new_tokens: int) -> int:
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
@@ -144,11 +154,9 @@ def profile_method(spec, pair, ids: Sequence[int], *, max_new_tokens: int = 64, 
     Raises:
         ValueError: a llama.cpp method (its time is spent in another process), a bad budget.
     """
-    from specviz.bench.e2e import LLAMA_METHODS, run_method
+    from specviz.bench.e2e import run_method
 
-    if spec.family in LLAMA_METHODS:
-        raise ValueError(f"{spec.name} runs in llama.cpp's own process, which torch's profiler cannot see; "
-                         "profile a specviz or transformers method")
+    check_profilable(spec)
     max_new_tokens = _checked_tokens(max_new_tokens)
     ids = list(ids)
 
@@ -204,14 +212,12 @@ def profile_methods(methods: Sequence[str], pair, ids: Sequence[int], *, max_new
         ValueError: an unknown method name (the message lists the grammar's close matches)
             or a llama.cpp method.
     """
-    from specviz.bench.e2e import LLAMA_METHODS, parse_method
+    from specviz.bench.e2e import parse_method
     from specviz.draft.registry import build_drafter
 
     specs = [parse_method(m) for m in methods]
-    for spec in specs:
-        if spec.family in LLAMA_METHODS:
-            raise ValueError(f"{spec.name} runs in llama.cpp's own process, which torch's profiler cannot see; "
-                             "profile a specviz or transformers method")
+    for spec in specs:  # all refused before any runs
+        check_profilable(spec)
     tables = []
     for spec in specs:
         drafter = build_drafter(spec, pair) if spec.is_strategy else None
