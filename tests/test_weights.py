@@ -29,6 +29,8 @@ from specviz.models.weights import (
     Int4Linear,
     Int8Linear,
     W8A8Linear,
+    SharedInputGroup,
+    SharedInputSlice,
     W8A8TokenLinear,
     WxLinear,
     input_absmax,
@@ -181,6 +183,55 @@ def test_w8a8_token_rows_do_not_depend_on_their_forward():
     exact = nn.functional.linear(x, per_token.dequantized_weight(), linear.bias.detach())
     assert (batched - exact).abs().max() < 0.1 * (one_pass(x) - exact).abs().max()
     assert copy.deepcopy(one_pass).residual is False
+
+
+def test_shared_input_group_computes_its_members_in_one_product():
+    gen = torch.Generator().manual_seed(5)
+    q, k = nn.Linear(64, 32, bias=True), nn.Linear(64, 16, bias=False)
+    x = torch.randn(3, 64, generator=gen)  # (M, K)
+    absmax = x.abs().amax(0)
+    group = SharedInputGroup.from_linears({"q": q, "k": k}, absmax)
+    assert group.bounds == {"q": (0, 32), "k": (32, 48)} and group.layer.out_features == 48
+    members = {name: SharedInputSlice(group, name) for name in group.names}
+    calls = []
+    group.layer.register_forward_hook(lambda *_: calls.append(1))
+    yq, yk = members["q"](x), members["k"](x)
+    assert len(calls) == 1 and group._input is None  # one product; released once both took their columns
+    full = group.layer(x)
+    assert torch.equal(yq, full[:, :32]) and torch.equal(yk, full[:, 32:])
+    assert (yq - q(x)).abs().max() <= 0.02 * q(x).abs().max() and (yk - k(x)).abs().max() <= 0.02 * k(x).abs().max()
+    # Another input, a changed input or a member asked twice: the product is computed again.
+    calls.clear()
+    y2 = members["q"](x[:1])
+    assert len(calls) == 1 and torch.equal(y2, yq[:1])
+    assert torch.equal(members["k"](x), yk) and len(calls) == 2
+    members["q"](x)
+    x.mul_(2.0)
+    assert torch.equal(members["k"](x), group.layer(x)[:, 32:])
+    assert torch.equal(members["q"](x), members["q"](x)) and group._pending == {"k"}
+    with pytest.raises(ValueError, match="different widths"):
+        SharedInputGroup.from_linears({"a": nn.Linear(64, 8), "b": nn.Linear(32, 8)})
+
+
+def test_w8a8_token_models_fuse_qkv_and_gate_up():
+    model = load_model(tiny_model(), "w8a8-token").model
+    layer = model.model.layers[0]
+    attn, mlp = layer.self_attn, layer.mlp
+    assert {type(attn.q_proj), type(attn.k_proj), type(attn.v_proj)} == {SharedInputSlice}
+    assert attn.q_proj.group is attn.k_proj.group is attn.v_proj.group
+    assert mlp.gate_proj.group is mlp.up_proj.group and isinstance(mlp.down_proj, W8A8TokenLinear)
+    groups = [m for m in model.modules() if isinstance(m, SharedInputGroup)]
+    assert len(groups) == 2 * len(model.model.layers)  # registered once each
+    assert (attn.q_proj.out_features, attn.k_proj.out_features) == (64, 32)
+    assert mlp.gate_proj.group.layer.residual and attn.q_proj.group.layer.residual and mlp.down_proj.residual
+    twin = copy.deepcopy(model)  # the copies' members share their own group
+    t_attn = twin.model.layers[0].self_attn
+    assert t_attn.q_proj.group is t_attn.v_proj.group and t_attn.q_proj.group is not attn.q_proj.group
+    ids = torch.randint(0, 200, (1, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, twin(ids).logits)
+    with pytest.raises(ValueError, match="already holds W8A8TokenLinear layers"):
+        quantize_model(model, "int8")
 
 
 def test_speculative_w8a8_token_commits_what_plain_w8a8_token_decoding_does():

@@ -21,7 +21,9 @@ once per forward and make small forwards much cheaper. Each mode has one name:
   a second int8 pass over each token's rounding residual (:class:`W8A8TokenLinear`): more
   accurate than ``w8a8``, and batch-invariant (a token's projections do not depend
   on the other tokens of its forward), so verifying a draft computes what decoding its
-  tokens one by one would; prefills run through the same kernel.
+  tokens one by one would; prefills run through the same kernel. Layers that read one
+  input (query/key/value, gate/up) are computed as one product (:class:`SharedInputGroup`):
+  4 integer products per decoder layer instead of 7.
 
 :func:`quantize_model` replaces every ``nn.Linear`` of a transformers model (attention and
 MLP projections and the LM head) in place. A tied LM head gets its own converted copy; the
@@ -51,6 +53,8 @@ __all__ = [
     "Int4Linear",
     "W8A8Linear",
     "W8A8TokenLinear",
+    "SharedInputGroup",
+    "SharedInputSlice",
     "input_absmax",
     "parse_weight_mode",
     "quantize_model",
@@ -325,17 +329,17 @@ class W8A8TokenLinear(W8A8Linear):
     (``quantized.linear_dynamic``) as :class:`W8A8Linear`, used for forwards of every length,
     prefills included. What differs is how activations are quantized:
 
-    * **per token**: each smoothed row is divided by its own largest magnitude ``a``, so it
-      lies in [-1, 1], and rounded to the activation grid here, before fbgemm sees it. Two
-      constant input columns (with zero weights) are appended, so the range fbgemm measures,
-      and with it the grid, is the same in every forward: its per-forward scale becomes a
-      per-token scale.
-    * **residual pass** (``residual=True``): the rounding error ``e`` of each row is scaled
-      by its own largest magnitude ``b`` and rounded to the same grid as a second row of the
-      same product, so the weights stream once for both rows:
-      ``y = a * (Q(u) @ Wq.T + b * Q(e / b) @ Wq.T) + bias``. The activations then carry
-      about 15 bits instead of 8; a one-token forward feeds fbgemm two rows, which costs
-      about what one row costs, a verification of n tokens 2n rows.
+    * **per token**: each smoothed row is scaled so that its largest magnitude ``a`` becomes
+      127 and rounded to integer codes here, before fbgemm sees it. Two constant input
+      columns (+-127.5, with zero weights) are appended, so the range fbgemm measures is the
+      same in every forward and its activation scale is exactly 1: the codes reach the
+      integer product unchanged, and one scale per forward becomes one per token.
+    * **residual pass** (``residual=True``): the rounding error ``e`` of each row (in codes)
+      is scaled so that its largest magnitude ``b`` becomes 127 and rounded as a second row
+      of the same product, so the weights stream once for both rows:
+      ``y = a/127 * (Q(u) @ Wq.T + b/127 * Q(e * 127/b) @ Wq.T) + bias``. The activations
+      then carry about 15 bits instead of 8; a one-token forward feeds fbgemm two rows,
+      which costs about what one row costs, a verification of n tokens 2n rows.
 
     The integer products are exact and the rescaling is elementwise, so a row's output does
     not depend on which other rows share its forward: verifying several tokens computes
@@ -346,8 +350,11 @@ class W8A8TokenLinear(W8A8Linear):
     overflow. (8-bit weights with 7-bit codes around a zero point of 64 fit too, but fbgemm's
     product then measured a relative error of 1e-3 against the exact integer product, so rows
     were no longer independent of their batch.) On the 1.5B target, teacher-forced greedy
-    agreement with fp32 (7 prompts x 64 tokens, 4 tokens per forward) was 0.982 with the
-    residual pass; without it 0.965 (7 prompts x 48 tokens).
+    agreement with fp32 (7 prompts x 64 tokens, 4 tokens per forward) was 0.979 with the
+    residual pass (query/key/value and gate/up fused, :class:`SharedInputGroup`) and 0.965
+    without it. The residual pass also keeps a verification on plain decoding's path: the
+    only rounding that differs between them, attention's, can move an activation across a
+    rounding boundary of its code, and the second pass absorbs most of that jump.
 
     ``qweight`` (N, K) int8, ``scales`` (N,) bf16, ``inv_smooth`` (K,) float32, as in
     :class:`W8A8Linear`; the packed weight has ``K + 2`` input columns.
@@ -356,8 +363,10 @@ class W8A8TokenLinear(W8A8Linear):
         ValueError: as :class:`W8A8Linear`.
     """
 
-    #: the (max, min) of the two constant input columns: the range fbgemm measures in every forward
-    range_columns: tuple[float, float] = (1.0, -1.0)
+    #: the (max, min) of the two constant input columns: the range fbgemm measures in every
+    #: forward, 255 wide, so its activation scale is 1 and integer codes pass unchanged
+    range_columns: tuple[float, float] = (_W8A8_TOKEN_CODES + 0.5, -_W8A8_TOKEN_CODES - 0.5)
+    _range = torch.tensor([range_columns])  # (1, 2)
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, input_absmax: torch.Tensor | None = None,
                  alpha: float = 0.5, residual: bool = True) -> None:
@@ -377,28 +386,26 @@ class W8A8TokenLinear(W8A8Linear):
         k = self.in_features
         xs = _flat(x, k).float() * self.inv_smooth  # (M, K) smoothed
         rows = xs.shape[0]
-        hi, lo = self.range_columns
-        step = (hi - lo) / 255.0  # fbgemm's activation scale for the range [lo, hi]
-        amax = xs.abs().amax(dim=1, keepdim=True).clamp(min=1e-30)  # (M, 1) one scale per token
-        unit = xs.div_(amax)  # (M, K) in [-1, 1]
-        # (M, K) the row's grid codes; fbgemm's zero point is 128, so +128 (u = 1) would not fit a uint8
-        codes = torch.round(unit / step).clamp_(-_W8A8_TOKEN_CODES, _W8A8_TOKEN_CODES)
+        codes_max = _W8A8_TOKEN_CODES
         passes = 2 if self.residual else 1
-        fed = xs.new_empty(passes * rows, k + 2)  # (P*M, K + 2)
-        torch.mul(codes, step, out=fed[:rows, :k])  # on the grid: fbgemm's rounding keeps these codes
+        fed = xs.new_empty(passes * rows, k + 2)  # (P*M, K + 2): integer codes, then the two range inputs
+        # One scale per token: the row's largest magnitude maps to the largest code.
+        amax = torch.linalg.vector_norm(xs, float("inf"), dim=1, keepdim=True).clamp_(min=1e-30)  # (M, 1)
+        t = xs.mul_(codes_max / amax)  # (M, K) in [-127, 127]
+        torch.round(t, out=fed[:rows, :k])
+        step = amax / codes_max  # (M, 1) the value of one code
         if self.residual:
-            err = unit.sub_(fed[:rows, :k])  # (M, K) rounding error, |err| <= step / 2
-            emax = err.abs().amax(dim=1, keepdim=True).clamp(min=1e-30)  # (M, 1)
-            codes = torch.round(err.div_(emax).div_(step)).clamp_(-_W8A8_TOKEN_CODES, _W8A8_TOKEN_CODES)
-            torch.mul(codes, step, out=fed[rows:, :k])
-        fed[:, k] = hi  # fbgemm measures the same range in every forward
-        fed[:, k + 1] = lo
-        y = torch.ops.quantized.linear_dynamic(fed, self._packed, False)  # (P*M, N)
+            err = t.sub_(fed[:rows, :k])  # (M, K) rounding error in codes, |err| <= 1/2
+            emax = torch.linalg.vector_norm(err, float("inf"), dim=1, keepdim=True).clamp_(min=1e-30)  # (M, 1)
+            torch.round(err.mul_(codes_max / emax), out=fed[rows:, :k])
+        fed[:, k:] = self._range  # fbgemm measures [-127.5, 127.5]: scale 1, so the codes pass exactly
+        y = torch.ops.quantized.linear_dynamic(fed, self._packed, False)  # (P*M, N) exact integer products x w_scale
         if self.residual:
-            y = y[:rows].add_(y[rows:].mul_(emax))
-        y = y.mul_(amax)  # (M, N)
+            y = torch.addcmul(y[:rows].mul_(step), y[rows:], step * (emax / codes_max))
+        else:
+            y = y.mul_(step)  # (M, N)
         if self.bias is not None:
-            y = y + self.bias
+            y = y.add_(self.bias)
         return y.reshape(*x.shape[:-1], self.out_features)  # (..., N)
 
     def __deepcopy__(self, memo):
@@ -409,6 +416,103 @@ class W8A8TokenLinear(W8A8Linear):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, alpha={self.alpha}, "
                 f"residual={self.residual}, bias={self.bias is not None}")
+
+
+class SharedInputGroup(nn.Module):
+    """Several linear layers that read the same input, computed as one product.
+
+    A transformer layer's query, key and value projections read one input, and so do its
+    MLP's gate and up projections. Concatenating their weights into one
+    :class:`W8A8TokenLinear` quantizes the input once (one smoothing vector for the group,
+    from its inputs' range and the concatenated weights' columns) and calls the integer
+    kernel once: 4 products per decoder layer instead of 7. Each member layer is replaced by
+    a :class:`SharedInputSlice` that returns its columns of the group's output.
+
+    The output is kept from the first member's call until every member has taken its
+    columns, for the same input tensor (the same object, unchanged): the model calls
+    ``q_proj(h)``, ``k_proj(h)`` and ``v_proj(h)`` on one tensor ``h``. A member called on any
+    other input recomputes the product, so results are right for any caller, only slower.
+
+    Attributes:
+        layer: the fused :class:`W8A8TokenLinear`, (K) -> (sum of the members' N).
+        names: the members' names, in column order.
+        bounds: member name -> (first column, end column) of its output.
+    """
+
+    def __init__(self, layer: W8A8TokenLinear, names: tuple[str, ...], sizes: tuple[int, ...]) -> None:
+        super().__init__()
+        if sum(sizes) != layer.out_features or len(names) != len(sizes):
+            raise ValueError(f"member sizes {sizes} do not add up to the fused layer's {layer.out_features} outputs")
+        self.layer = layer
+        self.names = tuple(names)
+        ends = torch.tensor(sizes).cumsum(0).tolist()
+        self.bounds = {n: (e - size, e) for n, size, e in zip(names, sizes, ends)}
+        self._clear()
+
+    def _clear(self) -> None:
+        self._input, self._version, self._output, self._pending = None, None, None, set()
+
+    @staticmethod
+    def _version_of(x: torch.Tensor) -> int:
+        try:
+            return x._version
+        except RuntimeError:  # inference tensors keep no version counter
+            return -1
+
+    def output_for(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """Member ``name``'s output for input ``x``, (..., its N) (a view of the group's)."""
+        if self._input is not x or self._version != self._version_of(x) or name not in self._pending:
+            self._output = self.layer(x)
+            self._input, self._version, self._pending = x, self._version_of(x), set(self.names)
+        self._pending.discard(name)
+        start, end = self.bounds[name]
+        y = self._output[..., start:end]
+        if not self._pending:  # every member served: let the tensors go
+            self._clear()
+        return y
+
+    @classmethod
+    def from_linears(cls, linears: dict[str, nn.Linear], input_absmax: torch.Tensor | None = None,
+                     residual: bool = True) -> "SharedInputGroup":
+        """One group for ``linears`` (name -> layer, in column order), which must have the
+        same ``in_features``; a member without bias gets zeros if another has one."""
+        layers = list(linears.values())
+        widths = {lin.in_features for lin in layers}
+        if len(widths) != 1:
+            raise ValueError(f"layers {list(linears)} read inputs of different widths {sorted(widths)}")
+        weight = torch.cat([lin.weight.detach().float() for lin in layers])  # (sum N, K)
+        bias = None
+        if any(lin.bias is not None for lin in layers):
+            bias = torch.cat([lin.bias.detach().float() if lin.bias is not None
+                              else torch.zeros(lin.out_features) for lin in layers])
+        layer = W8A8TokenLinear(weight, bias, input_absmax, residual=residual)
+        return cls(layer, tuple(linears), tuple(lin.out_features for lin in layers))
+
+    def extra_repr(self) -> str:
+        return f"members={self.names}"
+
+
+class SharedInputSlice(nn.Module):
+    """A member of a :class:`SharedInputGroup`: its columns of the group's product.
+
+    The group is held as a plain attribute (it is registered once, on the members' parent
+    module), so the weights appear once in ``modules()`` and ``state_dict()``.
+    """
+
+    def __init__(self, group: SharedInputGroup, name: str) -> None:
+        super().__init__()
+        object.__setattr__(self, "group", group)
+        self.name = name
+        self.in_features = group.layer.in_features
+        start, end = group.bounds[name]
+        self.out_features = end - start
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.group.output_for(self.name, x)
+
+    def extra_repr(self) -> str:
+        start, end = self.group.bounds[self.name]
+        return f"in_features={self.in_features}, out_features={self.out_features}, columns={start}:{end} of the group"
 
 
 @torch.no_grad()
@@ -447,6 +551,11 @@ class WeightMode:
             conversion needs calibration tokens.
         devices: the device kinds whose kernels run this mode (the packed integer
             kernels are the CPU's).
+        shared_inputs: groups of sibling layer names (children of one module, reading one
+            input) that ``convert_group`` turns into one product; a group is formed only
+            where all its members are ``nn.Linear`` layers of one input width.
+        convert_group: builds a :class:`SharedInputGroup` from ``{name: nn.Linear}`` and the
+            group's input range.
     """
 
     name: str
@@ -456,6 +565,8 @@ class WeightMode:
     convert: Callable[..., nn.Module] | None = None
     calibrated: bool = False
     devices: tuple[str, ...] = ("cpu", "cuda", "mps")
+    shared_inputs: tuple[tuple[str, ...], ...] = ()
+    convert_group: Callable[..., nn.Module] | None = None
 
 
 _CPU_ONLY = ("cpu",)
@@ -477,13 +588,15 @@ WEIGHT_MODES: dict[str, WeightMode] = {
                    devices=_CPU_ONLY),
         WeightMode("w8a8-token", "int8 weights x int8 activations (SmoothQuant, one scale per token plus an "
                    "int8 pass over the rounding residual; batch-invariant); fp32 activations between layers", False,
-                   torch.float32, W8A8TokenLinear.from_linear, calibrated=True, devices=_CPU_ONLY),
+                   torch.float32, W8A8TokenLinear.from_linear, calibrated=True, devices=_CPU_ONLY,
+                   shared_inputs=(("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")),
+                   convert_group=SharedInputGroup.from_linears),
     )
 }
 
 _TORCH_DTYPE_MODES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 _LONG_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
-_CONVERTED = (WxLinear, Int8Linear, Int4Linear, W8A8Linear)  # W8A8TokenLinear is a W8A8Linear
+_CONVERTED = (WxLinear, Int8Linear, Int4Linear, W8A8Linear, SharedInputGroup)  # W8A8TokenLinear is a W8A8Linear
 
 
 def parse_weight_mode(mode: WeightMode | torch.dtype | str) -> WeightMode:
@@ -522,15 +635,31 @@ def weight_mode_of(model: nn.Module) -> str:
     return _TORCH_DTYPE_MODES[dtype]
 
 
+def _shared_input_groups(linears: dict[str, nn.Linear], specs: tuple[tuple[str, ...], ...]):
+    """(parent name, member names) of every complete group of ``specs`` among ``linears``
+    (name -> layer) whose members read inputs of one width."""
+    found = []
+    parents = {name.rpartition(".")[0] for name in linears}
+    for parent in sorted(parents):
+        for members in specs:
+            names = [f"{parent}.{m}" if parent else m for m in members]
+            if all(n in linears for n in names) and len({linears[n].in_features for n in names}) == 1:
+                found.append((parent, members))
+    return found
+
+
 def quantize_model(model: nn.Module, mode: WeightMode | torch.dtype | str,
                    calibration_ids: torch.Tensor | None = None) -> nn.Module:
     """Put ``model`` in weight mode ``mode``, in place, and return it.
 
     Every ``nn.Linear`` is replaced by the mode's layer (quantized from the weights as they
     are, before any cast), then the remaining parameters are cast to the mode's activation
-    dtype (buffers are left as they are). A tied LM head is converted as its own copy; the
-    embedding table is kept. A calibrated mode (``w8a8``) first runs ``model`` once on
-    ``calibration_ids`` ((1, L) token ids) to measure each layer's input range.
+    dtype (buffers are left as they are). Sibling layers named in the mode's
+    ``shared_inputs`` become :class:`SharedInputSlice` members of one
+    :class:`SharedInputGroup`, registered on their parent module. A tied LM head is
+    converted as its own copy; the embedding table is kept. A calibrated mode (``w8a8``)
+    first runs ``model`` once on ``calibration_ids`` ((1, L) token ids) to measure each
+    layer's input range.
 
     Raises:
         ValueError: unknown mode; a model already converted to a non-plain mode (load it
@@ -550,14 +679,26 @@ def quantize_model(model: nn.Module, mode: WeightMode | torch.dtype | str,
     if wm.convert is not None:
         # Build every replacement before swapping any, so a layer that cannot be packed
         # leaves the model untouched.
-        replacements = {}
-        for name, module in model.named_modules():
-            if isinstance(module, nn.Linear):
-                try:
-                    replacements[name] = wm.convert(module, absmax[name]) if wm.calibrated else wm.convert(module)
-                except ValueError as exc:
-                    raise ValueError(f"cannot convert layer {name!r} to {wm.name}: {exc}") from exc
-        for name, new in replacements.items():
+        linears = {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+        replacements, groups = {}, {}
+        for parent_name, members in _shared_input_groups(linears, wm.shared_inputs):
+            names = [f"{parent_name}.{m}" if parent_name else m for m in members]
+            group_absmax = torch.stack([absmax[n] for n in names]).amax(0) if wm.calibrated else None
+            try:
+                group = wm.convert_group({m: linears[n] for m, n in zip(members, names)}, group_absmax)
+            except ValueError as exc:
+                raise ValueError(f"cannot convert layers {names} to {wm.name}: {exc}") from exc
+            groups[f"{parent_name}.{'_'.join(members)}" if parent_name else "_".join(members)] = group
+            for m, n in zip(members, names):
+                replacements[n] = SharedInputSlice(group, m)
+        for name, module in linears.items():
+            if name in replacements:
+                continue
+            try:
+                replacements[name] = wm.convert(module, absmax[name]) if wm.calibrated else wm.convert(module)
+            except ValueError as exc:
+                raise ValueError(f"cannot convert layer {name!r} to {wm.name}: {exc}") from exc
+        for name, new in {**groups, **replacements}.items():
             parent_name, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent_name), child, new)
     # Parameters only: buffers such as the rotary inv_freq stay float32, as from_pretrained

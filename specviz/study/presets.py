@@ -115,16 +115,17 @@ _STANDARD_ACCEPTANCE = {"prompt_limit": 0, "max_new_tokens": 128, "budgets": [4,
                         "cross_check": False, "sampled_prompts": 4, "sampled_stride": 32}
 
 #: The presets, by name. ``smoke`` is the smallest run of every notebook (the tests use
-#: it), ``quick`` the default study, ``standard`` quick with the acceptance study (03) on
-#: every prompt x 128 tokens (the committed reference results), ``full`` everything at
-#: full size. Notebooks run in
-#: the order of their numbers; the report (08) reads the tables of 01-06.
+#: it; its notebooks use all of torch's threads, as it times nothing worth keeping),
+#: ``quick`` the default study, ``standard`` quick with the acceptance study (03) on every
+#: prompt x 128 tokens (the committed reference results), ``full`` everything at full
+#: size. Notebooks run in the order of their numbers; the report (08) reads the tables of
+#: 01-06.
 PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
     Preset("smoke", "every notebook at its smallest size: checks an installation in a few minutes", (
-        NotebookRun(_QUICKSTART, {"max_new_tokens": 8, "tree_branching": [2, 1]}),
+        NotebookRun(_QUICKSTART, {"max_new_tokens": 8, "tree_branching": [2, 1], "threads": 0}),
         NotebookRun(_TREES),
         NotebookRun(_ACCEPTANCE, {"prompt_limit": 1, "max_new_tokens": 8, "budgets": [4], "layer_sweep": [],
-                                  "cross_check": False, "sampled_budget": 4, "sampled_stride": 8}),
+                                  "cross_check": False, "sampled_budget": 4, "sampled_stride": 8, "threads": 0}),
         NotebookRun(_RULES, {"trials": 100, "expected_trees": 10, "real_max_new_tokens": 8,
                              "real_temperatures": [0.0, 1.0], "real_tree_branching": [2, 1],
                              "real_chain_length": 2}),
@@ -133,13 +134,14 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
         NotebookRun(_SPEED, {"max_new_tokens": 8, "methods": ["chain-k2", "ngram"], "sequoia_budgets": [4],
                              "cost_sizes": [1, 4], "cost_prefix": 32, "cost_repeats": 1, "plan_budgets": [1, 2, 4],
                              "plan_depths": [1, 2], "probe_dtypes": [],
-                             "profiled": ["chain-k2"], "profile_tokens": 4}),
+                             "profiled": ["chain-k2"], "profile_tokens": 4, "threads": 0}),
         NotebookRun(_REPORT),
         NotebookRun(_LOOKAHEAD, {"max_new_tokens": 8, "sweep_windows": [5], "sweep_ngrams": [4],
                                  "sweep_guesses": [5], "context_pool": False, "others": ["ngram"],
-                                 "cost_sizes": [1, 16], "cost_prefix": 32, "cost_repeats": 1, "lab_trials": 200}),
+                                 "cost_sizes": [1, 16], "cost_prefix": 32, "cost_repeats": 1, "lab_trials": 200,
+                                 "threads": 0}),
         NotebookRun(_HEADS, {"max_new_tokens": 8, "train_prompts": 1, "train_tasks": 2, "train_tokens": 16,
-                             "train_steps": 5, "budgets": [4], "others": [], "timed": False}),
+                             "train_steps": 5, "budgets": [4], "others": [], "timed": False, "threads": 0}),
     ), report="08_report"),
     Preset("quick", "the default study, in auto's weight mode: about 24 minutes on a 2-core CPU in int8 (28 in "
            "fp32), plus auto's one-time probe of the machine", _QUICK_RUNS,
