@@ -635,16 +635,21 @@ def weight_mode_of(model: nn.Module) -> str:
     return _TORCH_DTYPE_MODES[dtype]
 
 
+def _child(parent: str, name: str) -> str:
+    """The full module name of child ``name`` of module ``parent`` ("" is the root)."""
+    return f"{parent}.{name}" if parent else name
+
+
 def _shared_input_groups(linears: dict[str, nn.Linear], specs: tuple[tuple[str, ...], ...]):
-    """(parent name, member names) of every complete group of ``specs`` among ``linears``
-    (name -> layer) whose members read inputs of one width."""
+    """(parent name, member names, their full names) of every complete group of ``specs``
+    among ``linears`` (full name -> layer) whose members read inputs of one width."""
     found = []
     parents = {name.rpartition(".")[0] for name in linears}
     for parent in sorted(parents):
         for members in specs:
-            names = [f"{parent}.{m}" if parent else m for m in members]
+            names = [_child(parent, m) for m in members]
             if all(n in linears for n in names) and len({linears[n].in_features for n in names}) == 1:
-                found.append((parent, members))
+                found.append((parent, members, names))
     return found
 
 
@@ -681,14 +686,13 @@ def quantize_model(model: nn.Module, mode: WeightMode | torch.dtype | str,
         # leaves the model untouched.
         linears = {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
         replacements, groups = {}, {}
-        for parent_name, members in _shared_input_groups(linears, wm.shared_inputs):
-            names = [f"{parent_name}.{m}" if parent_name else m for m in members]
+        for parent_name, members, names in _shared_input_groups(linears, wm.shared_inputs):
             group_absmax = torch.stack([absmax[n] for n in names]).amax(0) if wm.calibrated else None
             try:
                 group = wm.convert_group({m: linears[n] for m, n in zip(members, names)}, group_absmax)
             except ValueError as exc:
                 raise ValueError(f"cannot convert layers {names} to {wm.name}: {exc}") from exc
-            groups[f"{parent_name}.{'_'.join(members)}" if parent_name else "_".join(members)] = group
+            groups[_child(parent_name, "_".join(members))] = group
             for m, n in zip(members, names):
                 replacements[n] = SharedInputSlice(group, m)
         for name, module in linears.items():
