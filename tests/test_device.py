@@ -1,6 +1,6 @@
 """Devices (specviz.models.device): name resolution and its errors everywhere, logits that come
 back to the CPU, old benchmark files read as CPU rows; with a CUDA GPU, the tiny pair's greedy
-identity, batches, sampling and the benchmark on it (skipped without one)."""
+identity, batches, sampling, trained heads and the benchmark on it (skipped without one)."""
 
 import pandas as pd
 import pytest
@@ -10,6 +10,7 @@ from specviz.bench.__main__ import main as bench_main
 from specviz.bench.e2e import COLUMNS, load_results
 from specviz.decode.engine import plain_generate, speculative_generate, speculative_generate_batch
 from specviz.draft.registry import build_drafter
+from specviz.heads import Corpus, HeadConfig, head_drafter, train_heads
 from specviz.locations import REPO_ROOT
 from specviz.models import device as devmod
 from specviz.models.device import model_device, resolve_device, synchronize
@@ -142,3 +143,34 @@ def test_cuda_benchmark_records_the_device(tmp_path):
     rows = load_results(out)
     assert set(rows["device"]) == {"cuda"}
     assert rows.loc[rows["method"] != "plain", "matches_plain"].notna().all()
+
+
+def test_heads_train_and_draft_exactly_on_the_cpu(tiny_pair, tmp_path, monkeypatch):
+    heads_train_and_draft_exactly(tiny_pair, tmp_path, monkeypatch)
+
+
+def heads_train_and_draft_exactly(pair, cache_dir, monkeypatch):
+    """Medusa heads and an EAGLE head trained on ``pair``'s device (features, training,
+    drafting), each drafting greedy output equal to plain decoding's."""
+    monkeypatch.setenv("SPECVIZ_CACHE", str(cache_dir))
+    seqs, lens = [], []
+    for prompt in ("def add(a, b):", "List three colours.", "What is 17 * 23?"):
+        out = plain_generate(pair.target, prompt, max_new_tokens=24, stop_at_eos=False, chat=False)
+        seqs.append(list(out.prompt_ids) + list(out.output_ids))
+        lens.append(len(out.prompt_ids))
+    corpus = Corpus.from_sequences(seqs, lens)
+    prompt = "def fizzbuzz(n):"
+    plain = plain_generate(pair.target, prompt, max_new_tokens=32, stop_at_eos=False)
+    for kind in ("medusa", "eagle"):
+        result = train_heads(kind, pair.target, corpus, steps=15, config=HeadConfig(window=24, batch_size=4),
+                             progress=False)
+        drafter = head_drafter(pair, result.path, topk=2, depth=3, budget=6)
+        assert next(drafter.heads.parameters()).device == pair.target.device
+        spec = speculative_generate(pair.target, drafter, prompt, max_new_tokens=32, stop_at_eos=False)
+        assert spec.output_ids == plain.output_ids, kind
+        assert 0 < spec.n_steps <= len(plain.output_ids)
+
+
+@needs_cuda
+def test_cuda_heads_train_and_draft_exactly(cuda_pair, tmp_path, monkeypatch):
+    heads_train_and_draft_exactly(cuda_pair, tmp_path, monkeypatch)
