@@ -6,6 +6,7 @@ specviz.checks.accuracy."""
 from __future__ import annotations
 
 import copy
+import os
 
 import pandas as pd
 import pytest
@@ -185,6 +186,50 @@ def test_w8a8_token_rows_do_not_depend_on_their_forward():
     assert copy.deepcopy(one_pass).residual is False
 
 
+def _compiled_op_or_skip():
+    from specviz.models.extension import fused_op_status, w8a8_token_op
+
+    if w8a8_token_op() is None:
+        if os.environ.get("CI", "").lower() == "true" and "SPECVIZ_NO_EXTENSION" not in os.environ:
+            pytest.fail(f"CI=true but the compiled w8a8-token operator is missing: {fused_op_status()}")
+        pytest.skip(fused_op_status())
+
+
+@pytest.mark.parametrize("k, n, bias, residual", [(256, 64, True, True), (256, 64, True, False),
+                                                  (96, 40, False, True), (1000, 24, False, False)])
+def test_compiled_w8a8_token_operator_equals_the_pytorch_code(k, n, bias, residual):
+    _compiled_op_or_skip()
+    gen = torch.Generator().manual_seed(k + n)
+    linear = nn.Linear(k, n, bias=bias)
+    x = torch.randn(3, 5, k, generator=gen)  # (B, T, K)
+    x[..., 3] *= 50.0
+    x[1, 2] = 0.0  # an all-zero token
+    layer = W8A8TokenLinear.from_linear(linear, x.abs().flatten(0, 1).amax(0), residual=residual)
+    fused, reference = layer(x), layer.forward_pytorch(x)
+    assert fused.shape == (3, 5, n)
+    assert torch.equal(fused, reference)  # bit for bit: the same roundings in the same order
+    assert torch.equal(layer(x[2, 1:3]), reference[2, 1:3])
+    assert torch.equal(layer(x[:0]), reference[:0])  # no rows at all
+
+
+def test_w8a8_token_layers_run_pytorch_code_when_asked(monkeypatch):
+    from specviz.models.extension import fused_op_status, w8a8_token_op
+
+    linear = nn.Linear(64, 8)
+    layer = W8A8TokenLinear.from_linear(linear)
+    x = torch.randn(4, 64)
+    fused = layer(x)
+    monkeypatch.setenv("SPECVIZ_NO_EXTENSION", "1")
+    assert w8a8_token_op() is None and "SPECVIZ_NO_EXTENSION" in fused_op_status()
+    assert torch.equal(layer(x), fused)
+    with pytest.raises((ValueError, RuntimeError), match="64"):
+        layer(torch.randn(2, 63))
+    monkeypatch.delenv("SPECVIZ_NO_EXTENSION")
+    if w8a8_token_op() is not None:
+        with pytest.raises(RuntimeError, match="input's last dimension is 63, the layer takes 64"):
+            layer(torch.randn(2, 63))
+
+
 def test_shared_input_group_computes_its_members_in_one_product():
     gen = torch.Generator().manual_seed(5)
     q, k = nn.Linear(64, 32, bias=True), nn.Linear(64, 16, bias=False)
@@ -329,3 +374,16 @@ def test_teacher_forced_agreement_tables(tiny_pair):
         greedy_choices(target, text.token_ids[:13], None, 2)
     bar = accuracy_bar(summary)
     assert set(bar.weight_mode) == {"fp32", "int8"} and bar.loc[bar.weight_mode == "fp32", "lossy"].item() is False
+
+
+def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path):
+    from specviz.models.extension import _remove_stale_lock
+
+    lock = tmp_path / "lock"
+    lock.write_text("")
+    _remove_stale_lock(tmp_path)
+    assert lock.exists()  # a build may be running
+    old = os.stat(lock).st_mtime - 3600
+    os.utime(lock, (old, old))
+    _remove_stale_lock(tmp_path)
+    assert not lock.exists()

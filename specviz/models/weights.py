@@ -23,7 +23,9 @@ once per forward and make small forwards much cheaper. Each mode has one name:
   on the other tokens of its forward), so verifying a draft computes what decoding its
   tokens one by one would; prefills run through the same kernel. Layers that read one
   input (query/key/value, gate/up) are computed as one product (:class:`SharedInputGroup`):
-  4 integer products per decoder layer instead of 7.
+  4 integer products per decoder layer instead of 7. Each product runs as one compiled
+  operator where a C++ compiler is at hand (:mod:`specviz.models.extension`, bit for bit
+  what the layer's PyTorch code computes, with a fraction of its per-layer overhead).
 
 :func:`quantize_model` replaces every ``nn.Linear`` of a transformers model (attention and
 MLP projections and the LM head) in place. A tied LM head gets its own converted copy; the
@@ -42,6 +44,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from specviz.models.extension import w8a8_token_op
 from specviz.validate import check_choice
 
 __all__ = [
@@ -359,6 +362,11 @@ class W8A8TokenLinear(W8A8Linear):
     ``qweight`` (N, K) int8, ``scales`` (N,) bf16, ``inv_smooth`` (K,) float32, as in
     :class:`W8A8Linear`; the packed weight has ``K + 2`` input columns.
 
+    :meth:`forward` calls ``torch.ops.specviz.w8a8_token_linear``
+    (:mod:`specviz.models.extension`), which does this arithmetic in a few passes over each
+    row around the same fbgemm call, where it could be compiled; :meth:`forward_pytorch`
+    is the same computation in PyTorch operators, with bit-identical results.
+
     Raises:
         ValueError: as :class:`W8A8Linear`.
     """
@@ -383,6 +391,14 @@ class W8A8TokenLinear(W8A8Linear):
         return cls(linear.weight, linear.bias, input_absmax, residual=residual)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        op = w8a8_token_op()
+        if op is not None:  # the same arithmetic as below, in one compiled operator
+            return op(x, self.inv_smooth, self._packed, self.bias, self.residual)
+        return self.forward_pytorch(x)
+
+    def forward_pytorch(self, x: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` in PyTorch operators (what runs without the compiled operator of
+        :mod:`specviz.models.extension`)."""
         k = self.in_features
         xs = _flat(x, k).float() * self.inv_smooth  # (M, K) smoothed
         rows = xs.shape[0]
