@@ -416,8 +416,8 @@ class W8A8TokenLinear(W8A8Linear):
             torch.round(err.mul_(codes_max / emax), out=fed[rows:, :k])
         fed[:, k:] = self._range  # fbgemm measures [-127.5, 127.5]: scale 1, so the codes pass exactly
         y = torch.ops.quantized.linear_dynamic(fed, self._packed, False)  # (P*M, N) exact integer products x w_scale
-        if self.residual:
-            y = torch.addcmul(y[:rows].mul_(step), y[rows:], step * (emax / codes_max))
+        if self.residual:  # separate operators: each product and the sum rounded on its own
+            y = y[:rows].mul_(step).add_(y[rows:].mul_(step * (emax / codes_max)))
         else:
             y = y.mul_(step)  # (M, N)
         if self.bias is not None:

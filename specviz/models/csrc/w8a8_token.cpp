@@ -108,12 +108,14 @@ at::Tensor w8a8_token_linear(const at::Tensor& x, const at::Tensor& inv_smooth,
       const float* y1 = residual ? yp + (m + r) * n : nullptr;
       float* o = op + r * n;
       const float s = step[r];
-      if (residual) {  // torch.addcmul's fused multiply-add, then the bias
+      // Each product and sum rounded on its own, as the PyTorch code's separate operators
+      // (no fused multiply-add, whose use would depend on how a library was compiled).
+      if (residual) {
         const float s2 = step2[r];
         if (bp) {
-          for (int64_t j = 0; j < n; ++j) o[j] = std::fma(y1[j], s2, y0[j] * s) + bp[j];
+          for (int64_t j = 0; j < n; ++j) o[j] = (y0[j] * s + y1[j] * s2) + bp[j];
         } else {
-          for (int64_t j = 0; j < n; ++j) o[j] = std::fma(y1[j], s2, y0[j] * s);
+          for (int64_t j = 0; j < n; ++j) o[j] = y0[j] * s + y1[j] * s2;
         }
       } else if (bp) {
         for (int64_t j = 0; j < n; ++j) o[j] = y0[j] * s + bp[j];
