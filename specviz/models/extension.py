@@ -8,7 +8,7 @@ as in the integer products themselves (113 layers x some 25 operators). The C++ 
 same fbgemm product and registers it as ``torch.ops.specviz.w8a8_token_linear``.
 
 It is compiled on first use with PyTorch's ``cpp_extension`` (a C++ compiler and the
-Python headers are needed; about a minute on 2 cores) into PyTorch's extension directory
+Python headers are needed; about half a minute on 2 cores) into PyTorch's extension directory
 (``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``), under a name that
 changes with the source, the PyTorch version and the compiler flags, and loaded from
 there afterwards. Where it cannot be built the layers run their PyTorch code, which
