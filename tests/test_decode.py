@@ -21,6 +21,7 @@ from specviz.draft import (
     ChainDrafter,
     Drafter,
     DynamicTreeDrafter,
+    FallbackDrafter,
     MergedDrafter,
     SelfSpeculativeDrafter,
     TreeDrafter,
@@ -51,6 +52,7 @@ DRAFTERS = {
     "ngram": lambda p: NgramDrafter(n=2, k=4),
     "ngram_trie": lambda p: NgramTrieDrafter(n=2, depth=4, budget=8),
     "merged": lambda p: MergedDrafter([ChainDrafter(p.draft, 3), NgramDrafter(n=2, k=3)]),
+    "fallback": lambda p: FallbackDrafter([NgramDrafter(n=2, k=3, min_n=2), ChainDrafter(p.draft, 2)]),
 }
 
 
@@ -161,7 +163,7 @@ def test_tree_mask_forward_matches_the_mask_helper(tiny_pair):
 
 # -- batches ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["chain4", "kary2x3", "dynamic", "ngram_trie", "adaptive_heuristic"])
+@pytest.mark.parametrize("name", ["chain4", "kary2x3", "dynamic", "ngram_trie", "adaptive_heuristic", "fallback"])
 def test_batch_rows_equal_single_runs_greedy(tiny_pair, name):
     prompts = list(PROMPTS) + [[65]]  # different lengths, including a one-token prompt
     drafter = DRAFTERS[name](tiny_pair)
@@ -189,7 +191,7 @@ def test_batch_rows_equal_single_runs_sampling(tiny_pair, verifier):
 # -- replay -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["chain4", "kary2x3", "paths", "dynamic", "adaptive_heuristic",
-                                  "adaptive_throughput", "ngram", "ngram_trie", "merged"])
+                                  "adaptive_throughput", "ngram", "ngram_trie", "merged", "fallback"])
 def test_replay_gives_the_live_per_step_acceptance(tiny_pair, name):
     target = tiny_pair.target
     for prompt in PROMPTS[:2]:

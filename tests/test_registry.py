@@ -8,6 +8,7 @@ from specviz.draft import (
     ChainDrafter,
     Drafter,
     DynamicTreeDrafter,
+    FallbackDrafter,
     MergedDrafter,
     NgramDrafter,
     NgramTrieDrafter,
@@ -40,6 +41,8 @@ NAMES = {
                                                "merged(chain(k=2)+ngram(n=2,k=4)+ngram-trie(n=3,budget=16))"),
     "merged-self-spec-L1-k2+ngram": (MergedDrafter, None),
     "self-spec-L1-k2": (SelfSpeculativeDrafter, None),
+    "fallback": (FallbackDrafter, "fallback(ngram(n=3,k=4,min=2)>chain(k=2))"),
+    "fallback-ngram-n2-k3+tree-2x1": (FallbackDrafter, "fallback(ngram(n=2,k=3)>tree(n=4,d=2))"),
     "jacobi": (JacobiDrafter, "jacobi(k=5)"),
     "lookahead-w3-n2-g4-context": (LookaheadDrafter, "lookahead(w=3,n=2,g=4,context)"),
 }
@@ -91,7 +94,7 @@ def test_verifier_under_sampling():
     assert parse_strategy("chain-k4").verifier(0.7) == "chain"
     assert parse_strategy("self-spec").verifier(0.7) == "chain"
     assert parse_strategy("adaptive").verifier(0.7) == "chain"
-    for name in ("tree-2x1", "dynamic", "ngram", "ngram-trie", "merged", "medusa", "eagle", "eagle-chain"):
+    for name in ("tree-2x1", "dynamic", "ngram", "ngram-trie", "merged", "fallback", "medusa", "eagle", "eagle-chain"):
         assert parse_strategy(name).verifier(0.7) == "topk"
         assert parse_strategy(name).verifier(0.0) == "greedy"
     assert parse_strategy("dynamic").verifier(0.7, "typical") == "typical"

@@ -195,18 +195,21 @@ class Generation:
 
 
 class _TargetCalls:
-    """Counts the target model's forwards and the tokens fed to each, with a hook."""
+    """Counts the target model's forwards and the tokens fed to each, with a hook on its
+    input embedding (called once per forward, by transformers' own forward and by the
+    engine's layer-by-layer one alike; a hook on the model itself would make the engine
+    fall back to ``model(...)``)."""
 
     def __init__(self, model) -> None:
         self.model = model
         self.fed: list[int] = []
 
     def _hook(self, module, args, kwargs) -> None:
-        ids = kwargs.get("input_ids", args[0] if args else None)
+        ids = kwargs.get("input", args[0] if args else None)
         self.fed.append(0 if ids is None else int(ids.shape[-1]))
 
     def __enter__(self) -> "_TargetCalls":
-        self._handle = self.model.register_forward_pre_hook(self._hook, with_kwargs=True)
+        self._handle = self.model.get_input_embeddings().register_forward_pre_hook(self._hook, with_kwargs=True)
         return self
 
     def __exit__(self, *exc) -> None:

@@ -6,6 +6,7 @@
 * :mod:`~specviz.draft.self_spec` - the target's own first layers as the draft;
 * :mod:`~specviz.draft.ngram` - prompt lookup, as a chain or a trie;
 * :mod:`~specviz.draft.merged` - SpecInfer's merge of several drafters;
+* :mod:`~specviz.draft.fallback` - a cascade: later drafters run only where earlier ones propose nothing;
 * :mod:`~specviz.draft.lookahead` - Jacobi and lookahead decoding: no draft model, guesses from the
   target's own outputs;
 * :mod:`~specviz.draft.registry` - every strategy by name, built from a model pair.
@@ -13,6 +14,7 @@
 
 from specviz.draft.adaptive import *  # noqa: F401,F403
 from specviz.draft.base import *  # noqa: F401,F403
+from specviz.draft.fallback import *  # noqa: F401,F403
 from specviz.draft.lookahead import *  # noqa: F401,F403
 from specviz.draft.merged import *  # noqa: F401,F403
 from specviz.draft.model import *  # noqa: F401,F403

@@ -203,7 +203,7 @@ class NgramDrafter(Drafter):
     def __init__(self, n: int = 3, k: int = 5, min_n: int = 1) -> None:
         self.n, self.min_n = _ngram_range(n, min_n)
         self.k = _positive_int("k", k)
-        self.name = f"ngram(n={n},k={k})"
+        self.name = f"ngram(n={n},k={k})" if self.min_n == 1 else f"ngram(n={n},k={k},min={self.min_n})"
         self._index = NgramIndex(n, min_n)
 
     def lookup(self, context) -> NgramMatch | None:

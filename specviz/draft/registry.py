@@ -26,6 +26,7 @@ import torch
 from specviz.draft.adaptive import AdaptiveChainDrafter
 from specviz.draft.base import Drafter
 from specviz.draft.lookahead import JacobiDrafter, LookaheadDrafter
+from specviz.draft.fallback import FallbackDrafter
 from specviz.draft.merged import MergedDrafter
 from specviz.draft.model import ChainDrafter, DynamicTreeDrafter, TreeDrafter
 from specviz.draft.ngram import NgramDrafter, NgramTrieDrafter
@@ -226,13 +227,31 @@ def _merged(pair, a: dict[str, Any]) -> Drafter:
     return MergedDrafter(parts)
 
 
+#: the default parts of the ``fallback`` strategy
+FALLBACK_DEFAULT = "ngram-n3-k4-min2+chain-k2"
+
+
+def _fallback(pair, a: dict[str, Any]) -> Drafter:
+    parts = []
+    for name in (a["parts"] or FALLBACK_DEFAULT).split("+"):
+        try:
+            spec = parse_strategy(name)
+        except ValueError as exc:
+            raise ValueError(f"fallback strategy part {name!r}: {exc}") from None
+        if spec.family in ("fallback", "merged"):
+            raise ValueError(f"fallback strategy part {name!r}: cascades and merged trees do not nest in a cascade; "
+                             "list its parts instead")
+        parts.append(build_drafter(spec, pair))
+    return FallbackDrafter(parts)
+
+
 def heads_kinds(spec: MethodSpec) -> tuple[str, ...]:
     """The kinds of trained heads (``"medusa"``, ``"eagle"``) a strategy drafts with, its
     merged parts' included, in the order of the parts (each once)."""
     kind = {"medusa": "medusa", "eagle": "eagle", "eagle-chain": "eagle"}.get(spec.family)
     if kind is not None:
         return (kind,)
-    if spec.family == "merged" and spec.param("parts"):
+    if spec.family in ("merged", "fallback") and spec.param("parts"):
         parts = (k for n in spec.param("parts").split("+") for k in heads_kinds(parse_strategy(n)))
         return tuple(dict.fromkeys(parts))
     return ()
@@ -260,9 +279,11 @@ STRATEGIES: tuple[Strategy, ...] = (
              (Param("schedule", "throughput", "word"),),
              "draft-model chain of adaptive length (default throughput rule)", "chain",
              lambda pair, a: AdaptiveChainDrafter(pair.draft, schedule=a["schedule"])),
-    Strategy("ngram", "ngram[-n<N>-k<K>]", r"ngram(?:-n(\d+)-k(\d+))?", (Param("n", 3), Param("k", 5)),
-             "prompt lookup chain, n-grams up to N, K tokens (default n3-k5)", "topk",
-             lambda pair, a: NgramDrafter(n=a["n"], k=a["k"])),
+    Strategy("ngram", "ngram[-n<N>-k<K>][-min<M>]", r"ngram(?:-n(\d+)-k(\d+))?(?:-min(\d+))?",
+             (Param("n", 3), Param("k", 5), Param("min_n", 1)),
+             "prompt lookup chain, n-grams up to N, K tokens; -min<M>: no proposal without a match of at least "
+             "M tokens (default n3-k5, min 1)", "topk",
+             lambda pair, a: NgramDrafter(n=a["n"], k=a["k"], min_n=a["min_n"])),
     Strategy("ngram-trie", "ngram-trie[-n<N>-d<DEPTH>-b<BUDGET>][-m<MATCHES>]",
              r"ngram-trie(?:-n(\d+)-d(\d+)-b(\d+))?(?:-m(\d+))?",
              (Param("n", 3), Param("depth", 5), Param("budget", 16), Param("max_matches", 8)),
@@ -273,6 +294,11 @@ STRATEGIES: tuple[Strategy, ...] = (
              (Param("parts", None, "word"),),
              "SpecInfer's merged tree of several strategies' drafts, verified in one target call (default "
              "chain-k4+ngram; e.g. merged-medusa-n4+ngram-n3-k8)", "topk", _merged),
+    Strategy("fallback", "fallback[-<A>+<B>[+...]]", r"fallback(?:-([A-Za-z0-9-]+(?:\+[A-Za-z0-9-]+)+))?",
+             (Param("parts", None, "word"),),
+             "cascade: the first part that proposes anything drafts the step, later parts run only when the "
+             "earlier ones are silent (default ngram-n3-k4-min2+chain-k2: the draft model only where prompt "
+             "lookup finds no match of 2 tokens)", "topk", _fallback),
     Strategy("jacobi", "jacobi[-k<K>]", r"jacobi(?:-k(\d+))?", (Param("k", 5),),
              "Jacobi decoding: a block of K guesses, last step's target predictions (default k5)", "topk",
              lambda pair, a: JacobiDrafter(k=a["k"])),

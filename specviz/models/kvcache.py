@@ -30,10 +30,12 @@ E = hidden size.
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Sequence
 
 import torch
 from transformers import DynamicCache
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from specviz.models.device import model_device, to_device
 from specviz.attention.hf import ATTENTION_CHOICES, SHARED_KEYS_KWARG, SPECVIZ_ATTENTION, attention_implementation
@@ -218,6 +220,74 @@ def _capture_hidden(model):
         handle.remove()
 
 
+#: causal LM classes whose decoder :func:`forward_tokens` runs layer by layer itself
+#: (:func:`_direct_forward`): the same modules and operators as their own forward, in the
+#: same order, without its per-call plumbing
+DIRECT_FORWARD_CLASSES = ("Qwen2ForCausalLM", "LlamaForCausalLM")
+
+
+def _has_hooks(module) -> bool:
+    return bool(module._forward_hooks or module._forward_pre_hooks)
+
+
+def _direct_forward_supported(model) -> bool:
+    """Whether :func:`_direct_forward` may run ``model``: a class of
+    :data:`DIRECT_FORWARD_CLASSES` in inference mode, full attention in every layer, and no
+    forward hook on the model or its decoder (which the direct loop would not call; hooks
+    on the layers' linear modules and norms do run)."""
+    if type(model).__name__ not in DIRECT_FORWARD_CLASSES or model.training:
+        return False
+    decoder = getattr(model, "model", None)
+    if decoder is None or _has_hooks(model) or _has_hooks(decoder):
+        return False
+    types = getattr(model.config, "layer_types", None)
+    if types is not None and any(t != "full_attention" for t in types):
+        return False
+    return not (torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks)
+
+
+def _direct_forward(model, cache: DynamicCache, tokens: torch.Tensor, position_ids: torch.Tensor,
+                    mask: torch.Tensor | None, logits_to_keep: int, extra: dict, hidden: bool):
+    """The decoder of a :data:`DIRECT_FORWARD_CLASSES` model run layer by layer: the
+    modules its own forward calls (embedding, rotary embedding, norms, projections, MLP,
+    LM head), the same cache update and the same attention function with the same
+    arguments, in the same order, so the logits are bitwise those of ``model(...)``.
+    What it skips is the plumbing around them (mask construction, output records, the
+    decoder layers' and attention modules' own calls), a few milliseconds per forward.
+
+    ``mask`` is the 4D additive mask (passed through unchanged by transformers' mask code
+    as well), or None for one new token per row attending to the whole cache.
+
+    Returns:
+        ``(logits, last hidden states or None)``, in the model's dtype.
+    """
+    decoder = model.model
+    config = model.config
+    sliding = {"sliding_window": None} if type(model).__name__ == "Qwen2ForCausalLM" else {}
+    rotary = sys.modules[type(model).__module__].apply_rotary_pos_emb
+    h = decoder.embed_tokens(tokens)
+    cos_sin = decoder.rotary_emb(h, position_ids)
+    attend = ALL_ATTENTION_FUNCTIONS.get_interface(config._attn_implementation,
+                                                   sys.modules[type(model).__module__].eager_attention_forward)
+    shape = h.shape[:-1]
+    for i, layer in enumerate(decoder.layers[: config.num_hidden_layers]):
+        attn = layer.self_attn
+        x = layer.input_layernorm(h)
+        heads = (*shape, -1, attn.head_dim)
+        q = attn.q_proj(x).view(heads).transpose(1, 2)
+        k = attn.k_proj(x).view(heads).transpose(1, 2)
+        v = attn.v_proj(x).view(heads).transpose(1, 2)
+        q, k = rotary(q, k, *cos_sin)
+        k, v = cache.update(k, v, attn.layer_idx)
+        out, _ = attend(attn, q, k, v, mask, dropout=0.0, scaling=attn.scaling, **sliding,
+                        position_ids=position_ids, use_cache=True, **extra)
+        h = h + attn.o_proj(out.reshape(*shape, -1).contiguous())
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    h = decoder.norm(h)
+    kept = h[:, slice(-logits_to_keep, None), :]
+    return model.lm_head(kept), (h if hidden else None)
+
+
 @torch.no_grad()
 def forward_tokens(model, cache: DynamicCache, tokens: torch.Tensor, position_ids: torch.Tensor,
                    allowed: torch.Tensor | None, logits_to_keep: int = 0, *,
@@ -247,33 +317,53 @@ def forward_tokens(model, cache: DynamicCache, tokens: torch.Tensor, position_id
     The inputs may be on the CPU: they go to the model's device, and the logits come back
     to the CPU (which waits for the device, so a timed forward is synchronised).
 
+    For Qwen2 and Llama models (:data:`DIRECT_FORWARD_CLASSES`) a masked forward, or one
+    new token per row, runs the decoder layer by layer here (:func:`_direct_forward`): the
+    model's own modules and attention function in its own order, bitwise the logits of
+    ``model(...)``, without transformers' per-call plumbing (a few milliseconds per
+    forward on a CPU). ``attention="sdpa"``, a prefill without a mask, other classes and
+    models with forward hooks on the model or its decoder run ``model(...)`` itself.
+
     Returns:
         ``(B, N, V)`` float32 CPU logits (``(B, logits_to_keep, V)`` when it is set); with
         ``hidden``, the pair ``(logits, hidden)`` with ``hidden`` ``(B, N, E)`` float32 on
         the CPU. The logits are the same either way.
     """
-    if hidden:
-        with _capture_hidden(model) as captured:
-            logits = forward_tokens(model, cache, tokens, position_ids, allowed, logits_to_keep, attention=attention)
-        if len(captured) != 1:
-            raise RuntimeError(f"expected one decoder forward, saw {len(captured)}")
-        return logits, captured[0].float().cpu()  # (B, N, V), (B, N, E)
     check_choice("attention", attention, ATTENTION_CHOICES)
     s = cache_length(cache)
     b, n = tokens.shape
     if position_ids.shape != (b, n):
         raise ValueError(f"position_ids must have shape {(b, n)}, got {tuple(position_ids.shape)}")
-    device = model_device(model)
-    inputs = dict(input_ids=to_device(tokens, device), position_ids=to_device(position_ids, device),
-                  past_key_values=cache, use_cache=True, logits_to_keep=logits_to_keep)
-    if allowed is None:
-        return model(**inputs).logits.float().cpu()
-    if allowed.shape != (b, n, s + n):
+    if allowed is not None and allowed.shape != (b, n, s + n):
         raise ValueError(f"mask must have shape {(b, n, s + n)} (cache {s} + new {n}), "
                          f"got {tuple(allowed.shape)}")
-    if attention == "specviz-split":
+    device = model_device(model)
+    direct = attention != "sdpa" and (allowed is not None or n == 1) and _direct_forward_supported(model)
+    if hidden and not direct:
+        with _capture_hidden(model) as captured:
+            logits = forward_tokens(model, cache, tokens, position_ids, allowed, logits_to_keep, attention=attention)
+        if len(captured) != 1:
+            raise RuntimeError(f"expected one decoder forward, saw {len(captured)}")
+        return logits, captured[0].float().cpu()  # (B, N, V), (B, N, E)
+    tokens, position_ids = to_device(tokens, device), to_device(position_ids, device)
+    extra = {}
+    if allowed is not None and attention == "specviz-split":
         # the leading cache slots that every query of every row may see (the common prefix)
-        inputs[SHARED_KEYS_KWARG] = int(allowed[:, :, :s].all(dim=1).all(dim=0).cumprod(0).sum())
+        extra[SHARED_KEYS_KWARG] = int(allowed[:, :, :s].all(dim=1).all(dim=0).cumprod(0).sum())
+    if direct:
+        if allowed is None:
+            logits, last = _direct_forward(model, cache, tokens, position_ids, None, logits_to_keep, extra, hidden)
+        else:
+            mask = additive_mask(to_device(allowed, device), model.dtype)
+            with attention_implementation(model, SPECVIZ_ATTENTION):
+                logits, last = _direct_forward(model, cache, tokens, position_ids, mask, logits_to_keep, extra,
+                                               hidden)
+        logits = logits.float().cpu()
+        return (logits, last.float().cpu()) if hidden else logits
+    inputs = dict(input_ids=tokens, position_ids=position_ids, past_key_values=cache, use_cache=True,
+                  logits_to_keep=logits_to_keep, **extra)
+    if allowed is None:
+        return model(**inputs).logits.float().cpu()
     with attention_implementation(model, "sdpa" if attention == "sdpa" else SPECVIZ_ATTENTION):
         out = model(attention_mask=additive_mask(to_device(allowed, device), model.dtype), **inputs)
     return out.logits.float().cpu()
