@@ -50,6 +50,28 @@ def test_a_partial_probe_resumes_with_the_missing_mode_only(tiny_dir, tmp_path):
     assert "int8" in set(table.weight_mode)
 
 
+def test_a_probe_of_w8a8_token_with_other_code_is_measured_again(tiny_dir, tmp_path, monkeypatch):
+    from specviz.models import extension
+
+    auto.probe_weight_modes(str(tiny_dir), ["w8a8-token"], cache=tmp_path, log=lambda s: None, **PROBE)
+    path = next((tmp_path / "auto").glob("*.json"))
+    (entry,) = json.loads(path.read_text()).values()
+    first = entry["w8a8-token"]["kernel"]
+    assert first == ("compiled operator" if extension.fused_op_status() == "compiled operator" else "PyTorch code")
+    assert "kernel" not in entry["fp32"]
+    said = []
+    auto.probe_weight_modes(str(tiny_dir), ["w8a8-token"], cache=tmp_path, log=said.append, **PROBE)
+    assert said == []  # same code: read from the cache
+    other = "PyTorch code" if first == "compiled operator" else "compiled operator"
+    monkeypatch.setattr(auto, "_kernel", lambda mode: other if mode == "w8a8-token" else "")
+    auto.probe_weight_modes(str(tiny_dir), ["w8a8-token"], cache=tmp_path, log=said.append, **PROBE)
+    assert [s for s in said if "probing" in s] == [
+        f"auto: w8a8-token was probed with {first}, it now runs {other}: probing it again",
+        "auto: probing w8a8-token (cost of 1 and 4 new tokens, agreement with fp32)"]
+    (entry,) = json.loads(path.read_text()).values()
+    assert entry["w8a8-token"]["kernel"] == other
+
+
 def test_choice_is_the_fastest_mode_that_is_not_lossy(tiny_dir, tmp_path, monkeypatch):
     table = auto.probe_weight_modes(str(tiny_dir), ["int8", "int4"], cache=tmp_path, log=lambda s: None, **PROBE)
     want = table[~table.lossy].sort_values("step_ms").weight_mode.iloc[0]

@@ -3,7 +3,9 @@
 Which mode is fastest depends on the CPU (bf16 units or not, AVX2's integer kernels) and the
 model; which modes are accurate enough depends on the model. :func:`probe_weight_modes`
 measures both once per machine and model and keeps them in the cache
-(``<cache>/auto/<machine>.json``, written after every mode, so an interrupted probe resumes):
+(``<cache>/auto/<machine>.json``, written after every mode, so an interrupted probe resumes;
+a ``w8a8-token`` entry records whether its compiled operator ran and is measured again when
+that changes):
 
 * **cost**: one forward of 1 and of 4 new tokens after a short prefix
   (:func:`specviz.bench.cost.forward_cost_curve`): a decode step and a small verification;
@@ -62,6 +64,18 @@ def _save(path: Path, data: dict) -> None:
     atomic_write_text(path, json.dumps(data, indent=1))
 
 
+def _kernel(mode: str) -> str:
+    """The code a mode's products run where it can differ between processes on one machine:
+    for ``w8a8-token``, :func:`specviz.models.extension.fused_op_status` ("compiled operator"
+    or why the PyTorch code runs); "" for every other mode. A probe recorded with other code
+    is measured again."""
+    if mode != "w8a8-token":
+        return ""
+    from specviz.models.extension import fused_op_status
+
+    return "compiled operator" if fused_op_status() == "compiled operator" else "PyTorch code"
+
+
 def probe_weight_modes(name, modes: Sequence[str] | None = None, *, cache: str | os.PathLike | None = None,
                        prompts: int = 7, tokens: int = 64, prefix_len: int = 200, repeats: int = 3,
                        log: Callable[[str], None] = print) -> pd.DataFrame:
@@ -107,8 +121,12 @@ def probe_weight_modes(name, modes: Sequence[str] | None = None, *, cache: str |
     entry = data.setdefault(key, {})
     texts = None
     for mode in wanted:
-        if mode in entry:
+        kernel = _kernel(mode)
+        if mode in entry and entry[mode].get("kernel", "") == kernel:
             continue
+        if mode in entry:
+            log(f"auto: {mode} was probed with {entry[mode].get('kernel') or 'its PyTorch code'}, it now runs "
+                f"{kernel or 'its PyTorch code'}: probing it again")
         if texts is None:
             log(f"auto: fp32 reference continuations of {prompts} prompts x {tokens} tokens ({name})")
             reference = load_model(name, "fp32", cache, device="cpu")
@@ -127,6 +145,8 @@ def probe_weight_modes(name, modes: Sequence[str] | None = None, *, cache: str |
         overall = agreement[agreement.category == "all"]["continuation_agreement"]
         entry[mode] = {"t1_ms": float(curve.median_ms.iloc[0]), "t4_ms": float(curve.median_ms.iloc[1]),
                        "agreement": float(overall.iloc[0])}
+        if kernel:
+            entry[mode]["kernel"] = kernel
         del model
         _save(path, data)
     rows = [{"weight_mode": m, **entry[m]} for m in wanted if "error" not in entry[m]]
