@@ -28,7 +28,7 @@ from specviz.draft import (
 )
 from specviz.models.kvcache import cache_length, compact_cache, forward_tokens, new_cache
 from specviz.models.loading import LoadedModel, TokenizerMismatchError, tiny_model, tiny_tokenizer
-from specviz.draft.ngram import NgramDrafter, NgramTrieDrafter
+from specviz.draft.ngram import AdaptiveNgramDrafter, NgramDrafter, NgramTrieDrafter
 from specviz.sampling import SamplingConfig, probs_from_logits
 from specviz.tree.shapes import expansion, from_paths, kary
 from specviz.tree.core import DraftTree, pad_trees, tree_attention_mask
@@ -53,6 +53,8 @@ DRAFTERS = {
     "ngram_trie": lambda p: NgramTrieDrafter(n=2, depth=4, budget=8),
     "merged": lambda p: MergedDrafter([ChainDrafter(p.draft, 3), NgramDrafter(n=2, k=3)]),
     "fallback": lambda p: FallbackDrafter([NgramDrafter(n=2, k=3, min_n=2), ChainDrafter(p.draft, 2)]),
+    # fixed costs: a replay (which times nothing) drafts as the live run does
+    "ngram_adaptive": lambda p: AdaptiveNgramDrafter(n=2, k_max=4, costs=[1.0, 1.2, 1.4, 1.9, 2.3]),
 }
 
 
@@ -191,7 +193,7 @@ def test_batch_rows_equal_single_runs_sampling(tiny_pair, verifier):
 # -- replay -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["chain4", "kary2x3", "paths", "dynamic", "adaptive_heuristic",
-                                  "adaptive_throughput", "ngram", "ngram_trie", "merged", "fallback"])
+                                  "adaptive_throughput", "ngram", "ngram_trie", "merged", "fallback", "ngram_adaptive"])
 def test_replay_gives_the_live_per_step_acceptance(tiny_pair, name):
     target = tiny_pair.target
     for prompt in PROMPTS[:2]:

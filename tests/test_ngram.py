@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from specviz.draft.ngram import NgramDrafter, NgramIndex, NgramMatch, NgramTrieDrafter
+from specviz.draft.ngram import AdaptiveNgramDrafter, NgramDrafter, NgramIndex, NgramMatch, NgramTrieDrafter
 from specviz.sampling import GREEDY, SamplingConfig, make_generator
 from specviz.tree.core import DraftTree, children_lists
 
@@ -266,3 +266,102 @@ def test_trie_drafter_stepping_through_a_sequence_equals_a_fresh_drafter():
 def test_trie_rejects_bad_arguments(kwargs, error):
     with pytest.raises(error):
         NgramTrieDrafter(**kwargs)
+
+
+# -- the adaptive-length lookup chain -----------------------------------------------------------
+
+class _Step:
+    """The fields of a StepTrace that AdaptiveNgramDrafter.observe reads."""
+
+    def __init__(self, n_nodes, accepted, verify_s):
+        self.tree = DraftTree.from_lists(list(range(n_nodes)), list(range(-1, n_nodes - 1)))
+        self.acceptance = type("A", (), {"n_accepted": accepted})()
+        self.verify_time_s = verify_s
+
+
+def _best_length(rates, costs, available):
+    """Brute force: argmax over k of (1 + sum_i prod_j<=i rates[j]) / (costs[k] / costs[0])."""
+    values = []
+    for k in range(available + 1):
+        expected, reach = 1.0, 1.0
+        for i in range(1, k + 1):
+            reach *= rates[i]
+            expected += reach
+        values.append(expected / (costs[k] / costs[0]))
+    return max(range(available + 1), key=lambda k: (values[k] - 1e-9 * k))
+
+
+@pytest.mark.parametrize("rates", [[0, 0.9, 0.8, 0.7, 0.6, 0.5], [0, 0.3, 0.3, 0.3, 0.3, 0.3],
+                                   [0, 0.95, 0.95, 0.95, 0.95, 0.95], [0, 0.1, 0.9, 0.9, 0.9, 0.9]])
+def test_adaptive_length_maximizes_expected_throughput(rates):
+    costs = [100, 130, 150, 210, 260, 300]  # a CPU where a 4-token forward costs twice a step
+    d = AdaptiveNgramDrafter(n=2, k_max=5, costs=costs)
+    d._accepted[2] = torch.tensor(rates, dtype=torch.float64)
+    d._tried[2] = torch.ones(6, dtype=torch.float64)
+    assert d.choose_length(2, 5) == _best_length(rates, costs, 5)
+    assert d.choose_length(2, 2) == _best_length(rates, costs, 2)
+    assert d.relative_costs() == pytest.approx([c / 100 for c in costs])
+
+
+def test_adaptive_length_drafts_nothing_where_it_does_not_pay_and_long_where_it_does():
+    costs = [100, 190, 280, 370, 460]  # verification as dear as decoding token by token
+    d = AdaptiveNgramDrafter(n=2, k_max=4, costs=costs)
+    d._accepted[1], d._tried[1] = torch.full((5,), 3.0, dtype=torch.float64), torch.full((5,), 10.0, dtype=torch.float64)
+    assert d.choose_length(1, 4) == 0  # 30% per token never pays for 90% more time
+    flat = AdaptiveNgramDrafter(n=2, k_max=4, costs=[100, 101, 102, 103, 104])
+    flat._accepted[1], flat._tried[1] = d._accepted[1].clone(), d._tried[1].clone()
+    assert flat.choose_length(1, 4) == 3  # nearly free verification: the 4th token's 0.8% is not worth 1%
+    flat._accepted[1] = torch.full((5,), 9.0, dtype=torch.float64)
+    assert flat.choose_length(1, 4) == 4  # likely tokens: draft everything
+    tokens = torch.tensor([1, 2, 3, 4, 5, 6, 2])  # a one-token match of "2"
+    tree = d.draft(tokens, SamplingConfig(), "greedy", None)
+    assert tree.n_nodes == 1 and d.history[-1] == (1, 0)
+
+
+def test_adaptive_length_learns_acceptance_per_match_length_and_costs_online():
+    d = AdaptiveNgramDrafter(n=3, k_max=4)  # costs measured online
+    assert d.relative_costs() == pytest.approx([1.0, 1.25, 1.5, 1.75, 2.0])  # the prior slope
+    ctx = torch.tensor([7, 8, 9, 10, 11, 7, 8, 9])  # a three-token match of "7 8 9"
+    tree = d.draft(ctx, SamplingConfig(), "greedy", None)
+    k = tree.n_nodes - 1
+    assert k >= 1 and tree.tokens.tolist()[1:] == [10, 11, 7, 8][:k] and d.history[-1] == (3, k)
+    d.observe(_Step(k + 1, accepted=k, verify_s=0.30))  # all accepted
+    assert d._tried[3, 1] == 3 and d._accepted[3, 1] == 2  # Beta(1, 1) prior plus one acceptance
+    assert d._tried[2, 1] == 2  # other match lengths untouched
+    d.observe(_Step(1, accepted=0, verify_s=0.10))  # a plain step: only its time counts
+    assert d._time[1] == (0.10, 1) and d._time[k + 1] == (0.30, 1)
+    costs = d.relative_costs()
+    assert costs[0] == 1.0 and costs[k] == pytest.approx(3.0)
+    # a rejected first token after a draft counts as tried, not accepted, at position 1 only
+    d._last_match = 3
+    d.observe(_Step(3, accepted=0, verify_s=0.2))
+    assert d._tried[3, 1] == 4 and d._accepted[3, 1] == 2 and d._tried[3, 2] == 2 + (k >= 2)
+    # two measured sizes: the size between them is interpolated
+    d2 = AdaptiveNgramDrafter(n=2, k_max=3)
+    d2.observe(_Step(1, 0, 0.1))
+    d2.observe(_Step(3, 0, 0.2))
+    assert d2.relative_costs() == pytest.approx([1.0, 1.5, 2.0, 2.25])
+
+
+def test_adaptive_ngram_arguments_are_checked():
+    with pytest.raises(ValueError, match=r"costs must hold k_max \+ 1 = 4 positive times"):
+        AdaptiveNgramDrafter(k_max=3, costs=[1, 2, 3])
+    with pytest.raises(ValueError, match="prior_accepted must be > 0"):
+        AdaptiveNgramDrafter(prior_accepted=0)
+    with pytest.raises(ValueError, match="prior_slope must be >= 0"):
+        AdaptiveNgramDrafter(prior_slope=-1)
+    with pytest.raises(ValueError, match="min_n must be <= n"):
+        AdaptiveNgramDrafter(n=2, min_n=3)
+
+
+def test_adaptive_ngram_with_online_costs_reproduces_greedy_decoding(tiny_pair):
+    from specviz.decode.engine import plain_generate, speculative_generate
+
+    prompt = "Repeat after me three times: the red fox jumps over the lazy dog, the red fox jumps."
+    drafter = AdaptiveNgramDrafter(n=3, k_max=6)
+    result = speculative_generate(tiny_pair.target, drafter, prompt, max_new_tokens=40, stop_at_eos=False)
+    assert result.output_ids == plain_generate(tiny_pair.target, prompt, max_new_tokens=40,
+                                               stop_at_eos=False).output_ids
+    assert len(drafter.history) == len(result.steps)
+    assert 1 in drafter._time and len(drafter._time) >= 2  # plain steps and drafted ones were timed
+    assert [s.tree.n_nodes - 1 for s in result.steps] == [k for _, k in drafter.history]

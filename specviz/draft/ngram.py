@@ -9,6 +9,8 @@ repeat themselves: code edits, summaries that quote, retrieval answers.
 * :class:`NgramIndex` - an incremental table from n-gram to the positions where it
   ends, updated with only the new tokens when the context grows;
 * :class:`NgramDrafter` - the chain that followed the most recent, longest match;
+* :class:`AdaptiveNgramDrafter` - the same chain, its length chosen every step for expected
+  throughput from the acceptance seen per match length and the cost of verifying;
 * :class:`NgramTrieDrafter` - the continuations of several matches merged into a
   token trie, i.e. a draft tree.
 
@@ -38,7 +40,7 @@ from specviz.tree.core import DraftTree
 from specviz.tree.trie import TokenTrie
 from specviz.validate import check_int
 
-__all__ = ["NgramMatch", "NgramIndex", "NgramDrafter", "NgramTrieDrafter"]
+__all__ = ["NgramMatch", "NgramIndex", "NgramDrafter", "AdaptiveNgramDrafter", "NgramTrieDrafter"]
 
 
 def _positive_int(name: str, value) -> int:
@@ -236,6 +238,147 @@ class NgramDrafter(Drafter):
 
     def reset(self) -> None:
         self._index = NgramIndex(self.n, self.min_n)
+
+
+class AdaptiveNgramDrafter(NgramDrafter):
+    """Prompt lookup whose chain length is chosen every step for expected throughput.
+
+    A fixed-length lookup chain pays for its drafted tokens whether or not they are likely
+    to be accepted: on a CPU where verifying 4 tokens costs about twice a decoding step, a
+    weak one-token match drafted to length 3 loses time. This drafter drafts ``k`` of the
+    match's up to ``k_max`` continuation tokens, ``k`` (possibly 0: no proposal) maximizing
+
+        ``E(k) / C(k)``, ``E(k) = 1 + sum_{i <= k} a_m(1) ... a_m(i)``, ``C(k) = t(k + 1) / t(1)``,
+
+    the expected tokens the step commits over its cost relative to a plain step, where
+    ``a_m(i)`` is the estimated probability that the ``i``-th continuation token of a match
+    of ``m`` tokens is accepted given the ones before it were, and ``t(n)`` the time of a
+    verification forward of ``n`` tokens.
+
+    ``a_m(i)`` is the mean of a Beta posterior counted from this sequence's own steps (the
+    prior ``Beta(prior_accepted, prior_rejected)``, by default 1 and 1: a half, optimistic
+    enough that every match length is tried). ``t(n)`` is either given (``costs``, e.g. the
+    benchmark's measured cost curve, for reproducible runs) or measured online from the
+    steps' verification wall times (a running mean per tree size); sizes not measured yet
+    are interpolated from the measured ones, with ``prior_slope`` (the extra cost of each
+    more token, relative to a plain step) before two sizes are known. Greedy output is
+    unchanged; only the drafts differ. A replay (:func:`specviz.decode.replay_acceptance`)
+    times nothing, so there the costs stay at the prior: give ``costs`` for a replay that
+    drafts as a live run would.
+
+    Args:
+        n, min_n: longest and shortest n-gram tried (as :class:`NgramDrafter`).
+        k_max: longest chain drafted.
+        costs: ``t(1), t(2), ..., t(k_max + 1)`` in any unit, or None to measure them.
+        prior_accepted, prior_rejected: the Beta prior of every ``a_m(i)``.
+        prior_slope: assumed ``t(n + 1) / t(1) - t(n) / t(1)`` until measured.
+    """
+
+    def __init__(self, n: int = 3, k_max: int = 8, min_n: int = 1, costs: Sequence[float] | None = None,
+                 prior_accepted: float = 1.0, prior_rejected: float = 1.0, prior_slope: float = 0.25) -> None:
+        super().__init__(n=n, k=k_max, min_n=min_n)
+        if costs is not None:
+            costs = [float(c) for c in costs]
+            if len(costs) != k_max + 1 or not all(c > 0 for c in costs):
+                raise ValueError(f"costs must hold k_max + 1 = {k_max + 1} positive times t(1)..t({k_max + 1}), "
+                                 f"got {costs}")
+        for name, value in (("prior_accepted", prior_accepted), ("prior_rejected", prior_rejected)):
+            if not value > 0:
+                raise ValueError(f"{name} must be > 0, got {value}")
+        if not prior_slope >= 0:
+            raise ValueError(f"prior_slope must be >= 0, got {prior_slope}")
+        self.k_max = self.k
+        self.costs = costs
+        self.prior = (float(prior_accepted), float(prior_rejected))
+        self.prior_slope = float(prior_slope)
+        self.name = f"ngram-adaptive(n={n},k<={k_max})" + ("" if self.min_n == 1 else f",min={self.min_n}")
+        self.reset()
+
+    def reset(self) -> None:
+        super().reset()
+        shape = (self.n + 1, self.k_max + 1)  # [match length m, position i]
+        self._accepted = torch.full(shape, self.prior[0], dtype=torch.float64)
+        self._tried = torch.full(shape, self.prior[0] + self.prior[1], dtype=torch.float64)
+        self._time: dict[int, tuple[float, int]] = {}  # tree size -> (mean verify seconds, steps)
+        self._last_match: int | None = None
+        self.history: list[tuple[int, int]] = []  # (match length or 0, tokens drafted) per draft
+
+    def relative_costs(self) -> list[float]:
+        """``C(k) = t(k + 1) / t(1)`` for ``k = 0 .. k_max``, as the next draft would use them."""
+        if self.costs is not None:
+            return [c / self.costs[0] for c in self.costs]
+        sizes = sorted(self._time)
+        means = {s: self._time[s][0] for s in sizes}
+        out = []
+        for size in range(1, self.k_max + 2):
+            if not sizes:
+                out.append(1.0 + self.prior_slope * (size - 1))
+                continue
+            lo = max((s for s in sizes if s <= size), default=None)
+            hi = min((s for s in sizes if s >= size), default=None)
+            if lo is not None and hi is not None and lo != hi:  # between two measured sizes
+                t = means[lo] + (means[hi] - means[lo]) * (size - lo) / (hi - lo)
+            elif lo is not None and lo == size:
+                t = means[lo]
+            else:  # outside the measured sizes: the nearest one plus the prior slope
+                near = lo if lo is not None else hi
+                base = means[1] if 1 in means else means[near] / (1.0 + self.prior_slope * (near - 1))
+                t = means[near] + self.prior_slope * base * (size - near)
+            out.append(t)
+        base = out[0]
+        return [max(t / base, 1e-9) for t in out]
+
+    def choose_length(self, match_length: int, available: int) -> int:
+        """The number of continuation tokens (``0 .. available``) to draft for a match of
+        ``match_length`` tokens: the ``k`` maximizing ``E(k) / C(k)`` (the shortest on ties)."""
+        cost = self.relative_costs()
+        rate = (self._accepted[match_length] / self._tried[match_length]).tolist()
+        best_k, best, reach, expected = 0, 1.0, 1.0, 1.0
+        for k in range(1, available + 1):
+            reach *= rate[k]
+            expected += reach
+            value = expected / cost[k]
+            if value > best * (1 + 1e-12):
+                best_k, best = k, value
+        return best_k
+
+    def draft(self, context: torch.Tensor, config: SamplingConfig, sibling_sampling: str,
+              generator: torch.Generator | None) -> DraftTree:
+        """A chain of the chosen number of the match's continuation tokens (root only when
+        there is no match or drafting none is expected to be fastest)."""
+        check_sibling_sampling(sibling_sampling)
+        tokens = _context_tokens(context)
+        match = self._lookup(tokens)
+        chain: tuple[int, ...] = ()
+        self._last_match = None
+        if match is not None:
+            k = self.choose_length(match.length, len(match.continuation))
+            chain = match.continuation[:k]
+            if k:
+                self._last_match = match.length
+        self.history.append((0 if match is None else match.length, len(chain)))
+        n_nodes = 1 + len(chain)
+        return DraftTree(
+            torch.tensor((tokens[-1], *chain), dtype=torch.long),
+            torch.arange(-1, n_nodes - 1, dtype=torch.long),
+            q=torch.ones(n_nodes),
+            ranks=torch.zeros(n_nodes, dtype=torch.long),
+        )
+
+    def observe(self, step) -> None:
+        """Count the step's acceptance per position for its match length, and (when costs
+        are measured) its verification time for its tree size."""
+        size = step.tree.n_nodes
+        if self.costs is None and step.verify_time_s > 0:
+            mean, count = self._time.get(size, (0.0, 0))
+            self._time[size] = ((mean * count + step.verify_time_s) / (count + 1), count + 1)
+        m, self._last_match = self._last_match, None
+        if m is None or size < 2:
+            return
+        accepted = step.acceptance.n_accepted
+        for i in range(1, min(size - 1, accepted + 1) + 1):  # positions reached: all before them accepted
+            self._tried[m, i] += 1
+            self._accepted[m, i] += float(i <= accepted)
 
 
 class NgramTrieDrafter(Drafter):

@@ -29,7 +29,7 @@ from specviz.draft.lookahead import JacobiDrafter, LookaheadDrafter
 from specviz.draft.fallback import FallbackDrafter
 from specviz.draft.merged import MergedDrafter
 from specviz.draft.model import ChainDrafter, DynamicTreeDrafter, TreeDrafter
-from specviz.draft.ngram import NgramDrafter, NgramTrieDrafter
+from specviz.draft.ngram import AdaptiveNgramDrafter, NgramDrafter, NgramTrieDrafter
 from specviz.draft.self_spec import SelfSpeculativeDrafter
 from specviz.tree.budgets import budgeted_kary
 from specviz.tree.shapes import chain, expansion
@@ -284,6 +284,12 @@ STRATEGIES: tuple[Strategy, ...] = (
              "prompt lookup chain, n-grams up to N, K tokens; -min<M>: no proposal without a match of at least "
              "M tokens (default n3-k5, min 1)", "topk",
              lambda pair, a: NgramDrafter(n=a["n"], k=a["k"], min_n=a["min_n"])),
+    Strategy("ngram-adaptive", "ngram-adaptive[-n<N>-k<KMAX>][-min<M>]",
+             r"ngram-adaptive(?:-n(\d+)-k(\d+))?(?:-min(\d+))?",
+             (Param("n", 3), Param("k", 8), Param("min_n", 1)),
+             "prompt lookup chain whose length (0 to KMAX) is chosen every step for expected throughput, from "
+             "the acceptance seen per match length and the measured cost of verifying (default n3-k8)", "topk",
+             lambda pair, a: AdaptiveNgramDrafter(n=a["n"], k_max=a["k"], min_n=a["min_n"])),
     Strategy("ngram-trie", "ngram-trie[-n<N>-d<DEPTH>-b<BUDGET>][-m<MATCHES>]",
              r"ngram-trie(?:-n(\d+)-d(\d+)-b(\d+))?(?:-m(\d+))?",
              (Param("n", 3), Param("depth", 5), Param("budget", 16), Param("max_matches", 8)),
