@@ -364,4 +364,7 @@ def test_adaptive_ngram_with_online_costs_reproduces_greedy_decoding(tiny_pair):
                                                stop_at_eos=False).output_ids
     assert len(drafter.history) == len(result.steps)
     assert 1 in drafter._time and len(drafter._time) >= 2  # plain steps and drafted ones were timed
-    assert [s.tree.n_nodes - 1 for s in result.steps] == [k for _, k in drafter.history]
+    drafted = [s.tree.n_nodes - 1 for s in result.steps]
+    chosen = [k for _, k in drafter.history]
+    # the engine trims the last step's tree to the tokens still wanted
+    assert drafted[:-1] == chosen[:-1] and drafted[-1] <= chosen[-1]
