@@ -66,9 +66,9 @@ def _save(path: Path, data: dict) -> None:
 
 def _kernel(mode: str) -> str:
     """The code a mode's products run where it can differ between processes on one machine:
-    for ``w8a8-token``, :func:`specviz.models.extension.fused_op_status` ("compiled operator"
-    or why the PyTorch code runs); "" for every other mode. A probe recorded with other code
-    is measured again."""
+    for ``w8a8-token``, "compiled operator" or "PyTorch code" (as
+    :func:`specviz.models.extension.fused_op_status` says); "" for every other mode. A probe
+    recorded with other code is measured again."""
     if mode != "w8a8-token":
         return ""
     from specviz.models.extension import fused_op_status
@@ -136,7 +136,7 @@ def probe_weight_modes(name, modes: Sequence[str] | None = None, *, cache: str |
         try:
             model = load_model(name, mode, cache, device="cpu")
         except (RuntimeError, NotImplementedError) as exc:  # a kernel this build lacks
-            entry[mode] = {"error": str(exc).splitlines()[0]}
+            entry[mode] = {"error": str(exc).splitlines()[0], **({"kernel": kernel} if kernel else {})}
             _save(path, data)
             continue
         curve = forward_cost_curve(model, [1, 4], prefix_len=prefix_len, repeats=repeats)
