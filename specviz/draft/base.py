@@ -57,6 +57,7 @@ __all__ = [
     "run_draft_forwards",
     "run_draft_steps",
     "draft_all",
+    "CompositeDrafter",
 ]
 
 
@@ -375,3 +376,54 @@ def draft_all(drafters: Sequence[Drafter], contexts: Sequence[torch.Tensor], con
         for i, logits in zip(order, run_draft_forwards([pending[i] for i in order])):
             advance(i, logits)
     return trees
+
+
+class CompositeDrafter(Drafter):
+    """A drafter made of other drafters (its parts), each drafting from the same context:
+    what :class:`~specviz.draft.merged.MergedDrafter` and
+    :class:`~specviz.draft.fallback.FallbackDrafter` share. Parts must be drafters that do
+    not guess from the target's outputs of earlier steps (:attr:`outputs_reason` says why,
+    in the error); target hidden states reach every part that reads them; :meth:`reset`,
+    :meth:`spawn` and :attr:`tokenizers` cover every part. Subclasses check the number of
+    parts before calling ``__init__``, and :meth:`draft` runs :meth:`draft_steps`.
+    """
+
+    #: ends the error for a part that guesses from the target's outputs
+    outputs_reason: str = ""
+
+    def __init__(self, drafters: Sequence[Drafter]) -> None:
+        drafters = list(drafters)
+        for i, d in enumerate(drafters):
+            if not isinstance(d, Drafter):
+                raise TypeError(f"drafters[{i}] must be a Drafter, got {type(d).__name__}")
+            if d.needs_target_outputs:
+                raise ValueError(f"drafters[{i}] ({d.name}) guesses from the target's outputs{self.outputs_reason}; "
+                                 "run it on its own")
+        self.drafters = drafters
+        # trained heads among the parts read the target's hidden states at the tree's nodes
+        self.needs_target_hidden = any(d.needs_target_hidden for d in drafters)
+
+    @property
+    def heads_path(self):
+        """The trained heads' result directory of the first part that drafts with heads
+        (None if none does): what the benchmark records beside the name."""
+        return next((d.heads_path for d in self.drafters if getattr(d, "heads_path", None) is not None), None)
+
+    def observe_hidden(self, step, hidden) -> None:
+        for d in self.drafters:
+            if d.needs_target_hidden:
+                d.observe_hidden(step, hidden)
+
+    def draft(self, context, config, sibling_sampling, generator) -> DraftTree:
+        return run_draft_steps(self.draft_steps(context, config, sibling_sampling, generator))
+
+    def reset(self) -> None:
+        for d in self.drafters:
+            d.reset()
+
+    def spawn(self) -> "CompositeDrafter":
+        return type(self)([d.spawn() for d in self.drafters])
+
+    @property
+    def tokenizers(self) -> tuple:
+        return tuple(t for d in self.drafters for t in d.tokenizers)

@@ -16,14 +16,13 @@ from typing import Sequence
 
 import torch
 
-from specviz.draft.base import Drafter, run_draft_steps
+from specviz.draft.base import CompositeDrafter, Drafter
 from specviz.sampling import require_deterministic_siblings
-from specviz.tree.core import DraftTree
 
 __all__ = ["FallbackDrafter"]
 
 
-class FallbackDrafter(Drafter):
+class FallbackDrafter(CompositeDrafter):
     """Drafters tried in order; the first tree with a drafted token is the step's draft.
 
     Every part drafts from the same context; a part that returns the root alone ("no
@@ -50,29 +49,15 @@ class FallbackDrafter(Drafter):
         TypeError: a part that is not a :class:`Drafter`.
     """
 
+    outputs_reason = " of every step, which it would miss on the steps another part drafts"
+
     def __init__(self, drafters: Sequence[Drafter]) -> None:
         drafters = list(drafters)
         if len(drafters) < 2:
             raise ValueError(f"FallbackDrafter needs at least two drafters, got {len(drafters)}")
-        for i, d in enumerate(drafters):
-            if not isinstance(d, Drafter):
-                raise TypeError(f"drafters[{i}] must be a Drafter, got {type(d).__name__}")
-            if d.needs_target_outputs:
-                raise ValueError(f"drafters[{i}] ({d.name}) guesses from the target's outputs of every step, "
-                                 "which it would miss on the steps another part drafts; run it on its own")
-        self.drafters = drafters
+        super().__init__(drafters)
         self.name = "fallback(" + ">".join(d.name for d in drafters) + ")"
-        self.needs_target_hidden = any(d.needs_target_hidden for d in drafters)
         self.last_part: int | None = None
-
-    @property
-    def heads_path(self):
-        """The trained heads' result directory of the first part that drafts with heads
-        (None if none does)."""
-        return next((d.heads_path for d in self.drafters if getattr(d, "heads_path", None) is not None), None)
-
-    def draft(self, context, config, sibling_sampling, generator) -> DraftTree:
-        return run_draft_steps(self.draft_steps(context, config, sibling_sampling, generator))
 
     def draft_steps(self, context, config, sibling_sampling, generator):
         require_deterministic_siblings("a fallback cascade", config, sibling_sampling)
@@ -90,19 +75,6 @@ class FallbackDrafter(Drafter):
         if self.last_part is not None:
             self.drafters[self.last_part].observe(step)
 
-    def observe_hidden(self, step, hidden) -> None:
-        for d in self.drafters:
-            if d.needs_target_hidden:
-                d.observe_hidden(step, hidden)
-
     def reset(self) -> None:
-        for d in self.drafters:
-            d.reset()
+        super().reset()
         self.last_part = None
-
-    def spawn(self) -> "FallbackDrafter":
-        return FallbackDrafter([d.spawn() for d in self.drafters])
-
-    @property
-    def tokenizers(self) -> tuple:
-        return tuple(t for d in self.drafters for t in d.tokenizers)

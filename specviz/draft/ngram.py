@@ -67,6 +67,18 @@ def _context_tokens(context) -> list[int]:
     return t.tolist()
 
 
+def _lookup_chain(root: int, chain: Sequence[int]) -> DraftTree:
+    """The deterministic chain ``root -> chain[0] -> ...`` of a lookup: ``q`` 1.0 and rank 0
+    at every node, no ``draft_probs`` (the root alone when ``chain`` is empty)."""
+    n_nodes = 1 + len(chain)
+    return DraftTree(
+        torch.tensor((root, *chain), dtype=torch.long),
+        torch.arange(-1, n_nodes - 1, dtype=torch.long),
+        q=torch.ones(n_nodes),
+        ranks=torch.zeros(n_nodes, dtype=torch.long),
+    )
+
+
 @dataclass(frozen=True)
 class NgramMatch:
     """One earlier occurrence of the context's suffix and what followed it.
@@ -226,15 +238,7 @@ class NgramDrafter(Drafter):
         check_sibling_sampling(sibling_sampling)
         tokens = _context_tokens(context)
         match = self._lookup(tokens)
-        root = tokens[-1]
-        chain = () if match is None else match.continuation
-        n_nodes = 1 + len(chain)
-        return DraftTree(
-            torch.tensor((root, *chain), dtype=torch.long),
-            torch.arange(-1, n_nodes - 1, dtype=torch.long),
-            q=torch.ones(n_nodes),
-            ranks=torch.zeros(n_nodes, dtype=torch.long),
-        )
+        return _lookup_chain(tokens[-1], () if match is None else match.continuation)
 
     def reset(self) -> None:
         self._index = NgramIndex(self.n, self.min_n)
@@ -357,13 +361,7 @@ class AdaptiveNgramDrafter(NgramDrafter):
             if k:
                 self._last_match = match.length
         self.history.append((0 if match is None else match.length, len(chain)))
-        n_nodes = 1 + len(chain)
-        return DraftTree(
-            torch.tensor((tokens[-1], *chain), dtype=torch.long),
-            torch.arange(-1, n_nodes - 1, dtype=torch.long),
-            q=torch.ones(n_nodes),
-            ranks=torch.zeros(n_nodes, dtype=torch.long),
-        )
+        return _lookup_chain(tokens[-1], chain)
 
     def observe(self, step) -> None:
         """Count the step's acceptance per position for its match length, and (when costs

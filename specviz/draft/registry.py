@@ -212,19 +212,25 @@ def eagle_head_mode(target) -> str | None:
     return "bf16" if dtype == torch.float32 else str(dtype).removeprefix("torch.")
 
 
-def _merged(pair, a: dict[str, Any]) -> Drafter:
-    if a["parts"] is None:
-        return MergedDrafter([ChainDrafter(pair.draft, 4), NgramDrafter()])
+def _part_drafters(pair, names: str, strategy: str, nested: tuple[str, ...], why: str) -> list[Drafter]:
+    """The drafters of a composite strategy's ``+``-separated part names; an unknown part or
+    one of the ``nested`` families is an error naming the part (``why`` says why not)."""
     parts = []
-    for name in a["parts"].split("+"):
+    for name in names.split("+"):
         try:
             spec = parse_strategy(name)
         except ValueError as exc:
-            raise ValueError(f"merged strategy part {name!r}: {exc}") from None
-        if spec.family == "merged":
-            raise ValueError(f"merged strategy part {name!r}: merged trees do not nest; list its parts instead")
+            raise ValueError(f"{strategy} strategy part {name!r}: {exc}") from None
+        if spec.family in nested:
+            raise ValueError(f"{strategy} strategy part {name!r}: {why}; list its parts instead")
         parts.append(build_drafter(spec, pair))
-    return MergedDrafter(parts)
+    return parts
+
+
+def _merged(pair, a: dict[str, Any]) -> Drafter:
+    if a["parts"] is None:
+        return MergedDrafter([ChainDrafter(pair.draft, 4), NgramDrafter()])
+    return MergedDrafter(_part_drafters(pair, a["parts"], "merged", ("merged",), "merged trees do not nest"))
 
 
 #: the default parts of the ``fallback`` strategy
@@ -232,17 +238,8 @@ FALLBACK_DEFAULT = "ngram-n3-k4-min2+chain-k2"
 
 
 def _fallback(pair, a: dict[str, Any]) -> Drafter:
-    parts = []
-    for name in (a["parts"] or FALLBACK_DEFAULT).split("+"):
-        try:
-            spec = parse_strategy(name)
-        except ValueError as exc:
-            raise ValueError(f"fallback strategy part {name!r}: {exc}") from None
-        if spec.family in ("fallback", "merged"):
-            raise ValueError(f"fallback strategy part {name!r}: cascades and merged trees do not nest in a cascade; "
-                             "list its parts instead")
-        parts.append(build_drafter(spec, pair))
-    return FallbackDrafter(parts)
+    return FallbackDrafter(_part_drafters(pair, a["parts"] or FALLBACK_DEFAULT, "fallback", ("fallback", "merged"),
+                                          "cascades and merged trees do not nest in a cascade"))
 
 
 def heads_kinds(spec: MethodSpec) -> tuple[str, ...]:
