@@ -9,7 +9,7 @@ import torch
 
 from specviz.draft.model import ChainDrafter, DynamicTreeDrafter, TreeDrafter
 from specviz.draft.lookahead import LookaheadDrafter
-from specviz.draft.ngram import NgramTrieDrafter
+from specviz.draft.ngram import AdaptiveNgramDrafter, NgramTrieDrafter
 from specviz.render.explorer import (
     STRATEGIES,
     Explorer,
@@ -76,18 +76,23 @@ def test_build_drafter_and_verifier(tiny_pair, tiny_heads, monkeypatch):
 
     monkeypatch.setenv(HEADS_ENV, tiny_heads)
     kinds = {"chain": ChainDrafter, "static shape": TreeDrafter, "dynamic": DynamicTreeDrafter,
-             "n-gram": NgramTrieDrafter, "lookahead": LookaheadDrafter, "medusa": MedusaDrafter,
-             "eagle": EagleDrafter}
+             "n-gram": NgramTrieDrafter, "adaptive n-gram": AdaptiveNgramDrafter, "lookahead": LookaheadDrafter,
+             "medusa": MedusaDrafter, "eagle": EagleDrafter}
     for strategy in STRATEGIES:
         assert isinstance(build_drafter(_settings(strategy=strategy), tiny_pair), kinds[strategy])
     names = {strategy: strategy_spec(_settings(strategy=strategy, width=3, depth=2, budget=5)).name
              for strategy in STRATEGIES}
     assert names == {"chain": "chain-k2", "static shape": "tree-k3-d2-n5", "dynamic": "dynamic-k3-d2-n5",
-                     "n-gram": "ngram-trie-n3-d2-b5-m3", "lookahead": "lookahead-w3-n3-g5",
+                     "n-gram": "ngram-trie-n3-d2-b5-m3", "adaptive n-gram": "ngram-adaptive-n3-k2",
+                     "lookahead": "lookahead-w3-n3-g5",
                      "medusa": "medusa-k3-d2-n5", "eagle": "eagle-k3-d2-n5"}
     # budgets above what the tree can hold share one cache entry, as for the model-drafted trees
     assert _settings(strategy="medusa", width=2, depth=2, budget=50).canonical().budget == 6
     assert _settings(strategy="eagle", width=2, depth=2, budget=50).canonical().budget == 6
+    # the adaptive n-gram chain ignores the budget, not the match length
+    lookup = _settings(strategy="adaptive n-gram", width=2, depth=4, budget=50)
+    assert lookup.canonical() == replace(lookup, budget=9).canonical() != replace(lookup, width=3).canonical()
+    assert "budget" not in lookup.describe() and "max length 4" in lookup.describe()
     assert verifier_for(_settings()) == "greedy"
     assert verifier_for(_settings(strategy="chain", temperature=0.7)) == "chain"
     assert verifier_for(_settings(strategy="dynamic", temperature=0.7)) == "topk"
@@ -421,7 +426,7 @@ def test_record_command_writes_and_resumes(tiny_pair, tiny_heads, tmp_path, monk
 
     monkeypatch.setenv(HEADS_ENV, tiny_heads)  # the medusa and eagle settings draft with them
     n = len(recording_settings("x = 1", 4))
-    assert n == 16
+    assert n == 17
     loads = []
     monkeypatch.setattr(explorer, "load_pair", lambda **kw: loads.append(kw) or tiny_pair)
     path = tmp_path / "rec.json.gz"

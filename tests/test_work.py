@@ -141,7 +141,13 @@ def test_scaling_estimate_schedules_longest_first():
         scaling_estimate(times.iloc[:0], [1])
 
 
-def test_workers_and_scheduler_are_checked(tmp_path, capsys):
+def test_workers_and_scheduler_are_checked(tmp_path, capsys, monkeypatch):
+    import specviz.models.auto as auto
+
+    def no_probe(*args, **kwargs):
+        raise AssertionError("auto was resolved (a probe of this machine) before the scheduler was checked")
+
+    monkeypatch.setattr(auto, "resolve_auto", no_probe)
     with pytest.raises(StudyConfigError, match="not both"):
         run_study("smoke", out_dir=tmp_path, workers=2, scheduler="tcp://127.0.0.1:1")
     with pytest.raises(StudyConfigError, match="workers"):

@@ -8,8 +8,9 @@ watch the draft trees, their acceptance and the statistics follow.
     explore(model="builtin")       # live: Qwen2.5-Coder 1.5B target + 0.5B draft
     explore(model="tiny")          # live on a random tiny pair: instant, gibberish text
 
-Controls: a prompt box, the strategy (chain / static shape / dynamic / n-gram / lookahead,
-and the trained heads: a Medusa tree and an EAGLE-2 tree, which draft with the heads
+Controls: a prompt box, the strategy (chain / static shape / dynamic / n-gram / adaptive
+n-gram (prompt lookup whose chain length is chosen every step for expected throughput) /
+lookahead, and the trained heads: a Medusa tree and an EAGLE-2 tree, which draft with the heads
 ``python -m specviz.heads train`` left in the specviz cache, or those ``$SPECVIZ_HEADS``
 names), tree width (top-k), depth and budget, temperature, and a step slider that scrubs through
 the generation's steps. Everything drawn comes from :mod:`specviz.render`, the same
@@ -100,6 +101,7 @@ _REGISTRY_NAMES: dict[str, Callable[["ExplorerSettings"], str]] = {
     "static shape": lambda s: f"tree-k{s.width}-d{s.depth}-n{s.budget}",
     "dynamic": lambda s: f"dynamic-k{s.width}-d{s.depth}-n{s.budget}",
     "n-gram": lambda s: f"ngram-trie-n3-d{s.depth}-b{s.budget}-m{s.width}",
+    "adaptive n-gram": lambda s: f"ngram-adaptive-n{s.width}-k{s.depth}",
     "lookahead": lambda s: f"lookahead-w{s.width}-n{s.depth + 1}-g{s.budget}",
     "medusa": lambda s: f"medusa-k{s.width}-d{s.depth}-n{s.budget}",
     "eagle": lambda s: f"eagle-k{s.width}-d{s.depth}-n{s.budget}",
@@ -107,8 +109,11 @@ _REGISTRY_NAMES: dict[str, Callable[["ExplorerSettings"], str]] = {
 #: slider labels (width, depth, budget) per strategy, where they differ from the trees'
 _SLIDER_LABELS: dict[str, tuple[str, str, str]] = {
     "n-gram": ("matches", "depth", "budget"),
+    "adaptive n-gram": ("match n", "max length", "budget"),
     "lookahead": ("window W", "guess N-1", "guesses G"),
 }
+#: strategies that draft one chain of at most ``depth`` tokens and ignore the budget
+_CHAINS = ("chain", "adaptive n-gram")
 #: strategy labels shown in the dropdown
 STRATEGIES: tuple[str, ...] = tuple(_REGISTRY_NAMES)
 #: model choices of :func:`explore`: recorded traces of the built-in pair, the random tiny
@@ -168,13 +173,16 @@ class ExplorerSettings:
 
     def canonical(self) -> "ExplorerSettings":
         """The same generation with settings the strategy ignores fixed, so that settings
-        that differ only there share one cache entry: a chain ignores width and budget, and
+        that differ only there share one cache entry: a chain ignores width and budget (the
+        adaptive n-gram chain its budget), and
         a budget above the nodes a static shape or a dynamic tree can propose (``width ** 1
         + ... + width ** depth``; ``width + (depth - 1) * width ** 2`` for EAGLE-2's
         frontier of ``width`` nodes) keeps them all, as that number does."""
         temperature = round(float(self.temperature), 6)
         if self.strategy == "chain":
             return replace(self, width=1, budget=self.depth, temperature=temperature)
+        if self.strategy in _CHAINS:
+            return replace(self, budget=self.depth, temperature=temperature)
         if self.strategy in ("static shape", "medusa"):
             full = sum(self.width ** d for d in range(1, self.depth + 1))
             return replace(self, budget=min(self.budget, full), temperature=temperature)
@@ -190,7 +198,7 @@ class ExplorerSettings:
         if self.strategy != "chain":
             parts.append(f"{width} {self.width}")
         parts.append(f"{depth} {self.depth}")
-        if self.strategy != "chain":
+        if self.strategy not in _CHAINS:
             parts.append(f"{budget} {self.budget}")
         parts.append(f"temperature {self.temperature:g}")
         return " · ".join(parts)
@@ -616,7 +624,7 @@ class Explorer:
     def _sync_enabled(self) -> None:
         strategy = self.strategy.value
         self.width.disabled = strategy == "chain"
-        self.budget.disabled = strategy == "chain"
+        self.budget.disabled = strategy in _CHAINS
         labels = _SLIDER_LABELS.get(strategy, ("width (top-k)", "depth", "budget"))
         self.width.description, self.depth.description, self.budget.description = labels
 

@@ -99,7 +99,7 @@ _QUICK_RUNS = (
                           "budgets": [4, 8, 16, 32, 64], "warmup": 2, "repeats": 5}),
     NotebookRun(_SPEED, {"prompt_limit": 2, "max_new_tokens": 32,
                          "methods": ["chain-k4", "dynamic-k4-d5-n16", "ngram"],
-                         "sequoia_budgets": [8], "cost_sizes": [1, 2, 4, 8, 16, 64]}),
+                         "sequoia_budgets": [8], "cost_sizes": [1, 2, 4, 8, 16, 64], "profile_tokens": 16}),
     NotebookRun(_REPORT),
     NotebookRun(_LOOKAHEAD, {"prompt_limit": 3, "max_new_tokens": 32, "sweep_windows": [5], "sweep_ngrams": [4],
                              "sweep_guesses": [5], "others": ["ngram"], "cost_sizes": [1, 2, 4, 8, 16, 32]}),

@@ -408,35 +408,35 @@ def run_study(preset: str | Preset = "quick", *, out_dir: str | Path | None = No
         if not (NOTEBOOKS_DIR / run.notebook).is_file():
             raise StudyConfigError(f"notebook {NOTEBOOKS_DIR / run.notebook} does not exist")
     _check_kernel()
-    if is_auto(dtype):  # one choice for the whole study, from the built-in target's probe (after every cheap check)
-        from specviz.models.auto import resolve_auto
-        from specviz.models.loading import DEFAULT_TARGET
-
-        try:
-            dtype = resolve_auto(DEFAULT_TARGET, log=log)
-        except ValueError as exc:
-            raise StudyConfigError(f"dtype: {exc}") from None
-    plans = []
-    for run in runs:
-        src = NOTEBOOKS_DIR / run.notebook
-        if not src.is_file():
-            raise StudyConfigError(f"notebook {src} does not exist")
-        declared = declared_parameters(src)
-        params = notebook_parameters(run, declared, out, prompts=prompts_path, limit=limit, dtype=dtype)
-        plans.append(_Plan(run, src, params, _fingerprint(src, params, prompts_path), declared))
-    if (prompts_path is not None or limit is not None) and not any(
-            "prompts_path" in p.parameters or "prompt_limit" in p.parameters for p in plans):
-        log("[study] note: no selected notebook reads prompts, so --prompts/--limit change nothing")
-
-    out.mkdir(parents=True, exist_ok=True)
-    log(f"[study] preset {spec.name!r}: {len(plans)} notebook(s) -> {out}")
-    _prepare_models([p for p in plans if force or not _finished(p, out, None)], log, remote=bool(scheduler))
     with contextlib.ExitStack() as stack:
         cluster = None
-        if workers is not None or scheduler:
+        if workers is not None or scheduler:  # before auto's probe: a scheduler that does not answer fails fast
             from specviz.study.cluster import StudyCluster
 
             cluster = stack.enter_context(StudyCluster(workers=workers, scheduler=scheduler, log=log))
+        if is_auto(dtype):  # one choice for the whole study, from the built-in target's probe (after every cheap check)
+            from specviz.models.auto import resolve_auto
+            from specviz.models.loading import DEFAULT_TARGET
+
+            try:
+                dtype = resolve_auto(DEFAULT_TARGET, log=log)
+            except ValueError as exc:
+                raise StudyConfigError(f"dtype: {exc}") from None
+        plans = []
+        for run in runs:
+            src = NOTEBOOKS_DIR / run.notebook
+            if not src.is_file():
+                raise StudyConfigError(f"notebook {src} does not exist")
+            declared = declared_parameters(src)
+            params = notebook_parameters(run, declared, out, prompts=prompts_path, limit=limit, dtype=dtype)
+            plans.append(_Plan(run, src, params, _fingerprint(src, params, prompts_path), declared))
+        if (prompts_path is not None or limit is not None) and not any(
+                "prompts_path" in p.parameters or "prompt_limit" in p.parameters for p in plans):
+            log("[study] note: no selected notebook reads prompts, so --prompts/--limit change nothing")
+
+        out.mkdir(parents=True, exist_ok=True)
+        log(f"[study] preset {spec.name!r}: {len(plans)} notebook(s) -> {out}")
+        _prepare_models([p for p in plans if force or not _finished(p, out, None)], log, remote=bool(scheduler))
         outcomes = _run_plans(plans, spec, out, force=force, progress=progress, cluster=cluster, log=log)
     manifest_path = out / "study.json"
 
