@@ -291,12 +291,16 @@ class AdaptiveNgramDrafter(NgramDrafter):
                 raise ValueError(f"{name} must be > 0, got {value}")
         if not prior_slope >= 0:
             raise ValueError(f"prior_slope must be >= 0, got {prior_slope}")
-        self.k_max = self.k
         self.costs = costs
         self.prior = (float(prior_accepted), float(prior_rejected))
         self.prior_slope = float(prior_slope)
         self.name = f"ngram-adaptive(n={n},k<={k_max})" + ("" if self.min_n == 1 else f",min={self.min_n}")
         self.reset()
+
+    @property
+    def k_max(self) -> int:
+        """The longest chain drafted (the lookup's ``k``)."""
+        return self.k
 
     def reset(self) -> None:
         super().reset()
