@@ -1,4 +1,4 @@
-"""Tests for batched greedy decoding and batched EAGLE-2 replays (tiny models): each row
+"""Tests for batched decoding (greedy and sampled) and batched EAGLE-2 replays (tiny models): each row
 equals its one-by-one run, and the study units built on them read back the same results."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ import pytest
 
 from specviz.decode.engine import plain_generate, plain_generate_batch
 from specviz.decode.replay import replay_dynamic, replay_dynamic_batch
+from specviz.sampling import SamplingConfig
 from specviz.study.prompts import Prompt
 from specviz.study.store import ResultStore
 from specviz.study.units import (DYNAMIC_STRATEGY, dynamic_batch_units, dynamic_units, reference_id, reference_units,
@@ -40,6 +41,26 @@ def test_plain_generate_batch_stops_rows_at_end_of_sequence(tiny_pair, monkeypat
     assert {r.stop_reason for r in many} == {"eos", "max_new_tokens"}
 
 
+@pytest.mark.parametrize("batch_size", [1, 3, 5])
+def test_plain_generate_batch_samples_as_one_by_one(tiny_pair, batch_size):
+    hot = SamplingConfig(temperature=1.5, top_p=0.9)
+    alone = [plain_generate(tiny_pair.target, p, max_new_tokens=12, config=hot, seed=7 + i, stop_at_eos=False)
+             for i, p in enumerate(PROMPTS)]
+    together = plain_generate_batch(tiny_pair.target, PROMPTS, max_new_tokens=12, batch_size=batch_size,
+                                    config=hot, seed=7, stop_at_eos=False)
+    assert [r.output_ids for r in together] == [r.output_ids for r in alone]
+    assert all(r.config == hot for r in together)
+    seeds = [3, 1, 4, 1, 5]  # one seed per prompt; equal seeds draw equal random numbers
+    listed = plain_generate_batch(tiny_pair.target, PROMPTS, max_new_tokens=12, batch_size=batch_size,
+                                  config=hot, seed=seeds, stop_at_eos=False)
+    assert [r.output_ids for r in listed] == [
+        plain_generate(tiny_pair.target, p, max_new_tokens=12, config=hot, seed=s, stop_at_eos=False).output_ids
+        for p, s in zip(PROMPTS, seeds)]
+    greedy = plain_generate_batch(tiny_pair.target, PROMPTS, max_new_tokens=12, batch_size=batch_size,
+                                  stop_at_eos=False)
+    assert [r.output_ids for r in together] != [r.output_ids for r in greedy]  # it does sample
+
+
 def test_plain_generate_batch_rejects_bad_input(tiny_pair):
     with pytest.raises(ValueError, match="non-empty list"):
         plain_generate_batch(tiny_pair.target, [], max_new_tokens=4)
@@ -47,6 +68,12 @@ def test_plain_generate_batch_rejects_bad_input(tiny_pair):
         plain_generate_batch(tiny_pair.target, "one string", max_new_tokens=4)
     with pytest.raises(ValueError, match="batch_size"):
         plain_generate_batch(tiny_pair.target, PROMPTS, max_new_tokens=4, batch_size=0)
+    with pytest.raises(TypeError, match="SamplingConfig"):
+        plain_generate_batch(tiny_pair.target, PROMPTS, max_new_tokens=4, config=0.7)
+    with pytest.raises(ValueError, match="seed lists 2 seeds for 5 prompts"):
+        plain_generate_batch(tiny_pair.target, PROMPTS, max_new_tokens=4, seed=[1, 2])
+    with pytest.raises(ValueError, match="seed must be an int >= 0"):
+        plain_generate_batch(tiny_pair.target, PROMPTS, max_new_tokens=4, seed=-1)
 
 
 def test_replay_dynamic_batch_equals_one_by_one(tiny_pair):

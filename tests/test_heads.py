@@ -3,6 +3,7 @@ checkpoints and resume, the result cache and its load errors, the reduced vocabu
 greedy identity of the Medusa and EAGLE drafters with the target, and the command line."""
 
 import dataclasses
+import functools
 import itertools
 import json
 import math
@@ -50,6 +51,8 @@ from specviz.heads import (
     medusa_tree,
     out_of_vocab_share,
     reduced_vocab,
+    SELF_OPENERS,
+    self_prompts,
     stdlib_prompts,
     task_prompts,
     TASK_KINDS,
@@ -64,6 +67,7 @@ from specviz.models.loading import tiny_pair as make_tiny_pair
 from specviz.models.weights import Int4Linear, Int8Linear
 from specviz.sampling import GREEDY, SamplingConfig
 from specviz.study.prompts import DEFAULT_PROMPTS_PATH, load_prompts
+from specviz.study.store import ResultStore
 from specviz.tree.core import pad_trees
 from specviz.tree.shapes import chain, from_paths, kary
 
@@ -177,7 +181,13 @@ def test_task_prompts_cover_the_task_kinds_without_evaluation_prompts():
     assert all(p.endswith("Reason step by step, then give the final answer.")
                for k, p in zip(kinds, a) if k == "math_reasoning")
     evaluation = {p.turns[0] for p in load_prompts(DEFAULT_PROMPTS_PATH)}
-    assert not evaluation & set(task_prompts(280, seed=0))  # nothing of the evaluation file
+    many = [p for seed in range(3) for p in task_prompts(1500, seed=seed)]
+    assert not evaluation & set(many)  # nothing of the evaluation file
+    # nor any of its questions inside another prompt (the last sentence before each "?")
+    questions = {text.split("?")[0].split("\n")[-1].split(". ")[-1] for text in evaluation if "?" in text}
+    questions = {q for q in questions if len(q.split()) >= 6}
+    assert len(questions) > 10
+    assert not [q for q in questions if any(q in p for p in many)]
     assert all(p.startswith("Translate") for p in task_prompts(3, kinds=["translation"]))
     assert task_prompts(0) == []
     with pytest.raises(ValueError, match="unknown task kind 'poetry'"):
@@ -198,6 +208,81 @@ def test_build_corpus_adds_task_prompts(tiny_pair):
     assert len(data) == 3 and data.sequences[1:] == only_tasks.sequences
     with pytest.raises(ValueError, match="tasks must be"):
         build_corpus(tiny_pair.target, prompts=1, tasks=-1, **kwargs)
+
+
+def _loose(monkeypatch):
+    """Keep every turn the tiny random target writes (it never ends one, nor writes words)."""
+    monkeypatch.setattr(corpus_module, "_written_prompts", functools.partial(
+        corpus_module._written_prompts, complete=False, min_words=0, latin=0.0))
+
+
+def test_self_prompts_are_written_by_the_target(tiny_pair, tmp_path, monkeypatch):
+    kw = dict(max_tokens=6, batch_size=3, complete=False, min_words=0, latin=0.0, progress=False)
+    store = tmp_path / "written.jsonl"
+    a = self_prompts(tiny_pair.target, 5, seed=2, store=store, **kw)
+    assert len(a) == 5 and len(set(a)) == 5
+    for j, text in enumerate(a):  # attempt j writes a turn of kind j (round-robin) after that kind's first words
+        assert text.startswith(SELF_OPENERS[TASK_KINDS[j % len(TASK_KINDS)]]), (j, text)
+    assert len(store.read_text().splitlines()) == 6  # attempts run in batches of 3, each kept
+    monkeypatch.setattr("specviz.decode.engine.plain_generate_batch",
+                        lambda *a, **k: pytest.fail("a finished attempt ran again"))
+    assert self_prompts(tiny_pair.target, 5, seed=2, store=store, **kw) == a  # read back from the store
+    monkeypatch.undo()
+    assert self_prompts(tiny_pair.target, 5, seed=2, **{**kw, "batch_size": 5}) == a  # the batch does not matter
+    assert self_prompts(tiny_pair.target, 5, seed=3, **kw) != a
+    assert all(p.startswith(SELF_OPENERS["qa"]) for p in self_prompts(tiny_pair.target, 2, kinds=["qa"], **kw))
+    assert self_prompts(tiny_pair.target, 0) == []
+
+
+def test_self_prompts_reject_bad_input_and_unusable_turns(tiny_pair, monkeypatch):
+    target = tiny_pair.target
+    with pytest.raises(ValueError, match="wrote 0 usable prompts of 2 in 3 attempts"):
+        self_prompts(target, 2, max_tokens=4, max_attempts=3, progress=False)  # random tokens never end a turn
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        self_prompts(target, 2, temperature=0.0)
+    with pytest.raises(ValueError, match="unknown task kind 'poetry'"):
+        self_prompts(target, 2, kinds=["poetry"])
+    with pytest.raises(ValueError, match="latin must be a share"):
+        self_prompts(target, 2, latin=1.5)
+    monkeypatch.setattr(target.tokenizer, "chat_template", None)
+    with pytest.raises(ValueError, match="has no chat template, so it cannot write prompts itself"):
+        self_prompts(target, 2)
+
+
+def test_usable_prompt_filters_short_and_other_script_turns():
+    usable = corpus_module._usable_prompt
+    assert usable("Why do cats purr so loudly?")
+    assert usable("Traduisez en français : « où est la gare ? »")  # Latin letters with accents count
+    assert not usable("Why cats?")  # under four words
+    assert not usable("Explain how 网关 与 Nginx 规则 work together")
+    assert not usable("Summarize the main points of the text.\n\nAssistant: The text discusses")
+    assert usable("Why?", min_words=0) and usable("网关 与 Nginx 规则 规则", latin=0.0)
+
+
+def test_build_corpus_adds_written_prompts(tiny_pair, tmp_path, monkeypatch):
+    _loose(monkeypatch)
+    kwargs = dict(prompts=0, max_new_tokens=4, temperatures=(0.0,), batch_size=2, progress=False)
+    store = tmp_path / "corpus.jsonl"
+    data = build_corpus(tiny_pair.target, tasks=1, written=2, store=store, **kwargs)
+    written = corpus_module._written_prompts(tiny_pair.target, 2, seed=0, results=ResultStore(None), progress=False)
+    assert len(data) == 3 and data.sequences[0] == build_corpus(tiny_pair.target, tasks=1, **kwargs).sequences[0]
+    prompts = [tiny_pair.target.tokenizer.decode(s[:n]) for s, n in zip(data.sequences, data.prompt_lengths)]
+    assert all(w in p for w, p in zip(written, prompts[1:]))
+    assert len(store.read_text().splitlines()) == 2 + 3  # the attempts (a batch of 2) and the continuations
+    assert build_corpus(tiny_pair.target, tasks=1, written=2, store=store, **kwargs) == data
+    with pytest.raises(ValueError, match="written must be"):
+        build_corpus(tiny_pair.target, written=-1, **kwargs)
+
+
+def test_build_corpus_samples_in_batches(tiny_pair):
+    kwargs = dict(prompts=3, max_new_tokens=6, max_prompt_chars=120, temperatures=(0.0, 0.9, 0.9), seed=4,
+                  progress=False)
+    one_by_one = build_corpus(tiny_pair.target, batch_size=1, **kwargs)
+    assert build_corpus(tiny_pair.target, batch_size=3, **kwargs) == one_by_one and len(one_by_one) == 6
+    prompt = one_by_one.sequences[1][:one_by_one.prompt_lengths[1]]  # prompt 0 sampled, seed 4 + 0
+    sampled = plain_generate(tiny_pair.target, list(prompt), max_new_tokens=6, config=SamplingConfig(temperature=0.9),
+                             seed=4)
+    assert one_by_one.sequences[1] == tuple(prompt) + sampled.output_ids
 
 
 def test_build_corpus_decodes_greedy_continuations_in_batches(tiny_pair, tmp_path):
@@ -781,6 +866,7 @@ def test_cli_tiny_train_and_info(tmp_path, cache, capsys):
     (["train", "--kind", "medusa", "--tiny", "--steps", "1", "--temperatures", "-1"], "values >= 0"),
     (["train", "--kind", "medusa", "--tiny", "--steps", "1", "--decode-batch", "0"], "--decode-batch must be > 0"),
     (["train", "--kind", "medusa", "--tiny", "--steps", "1", "--tasks", "-2"], "--tasks must be >= 0"),
+    (["train", "--kind", "medusa", "--tiny", "--steps", "1", "--written", "-1"], "--written must be >= 0"),
     (["train", "--kind", "medusa", "--tiny", "--steps", "1", "--tasks", "0", "--prompts", "0"], "no training prompts"),
     (["train", "--kind", "medusa", "--tiny", "--steps", "1", "--validation", "1.5"], "validation must be a share"),
     (["info", "/nonexistent/heads"], "no training result at /nonexistent/heads"),

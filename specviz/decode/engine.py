@@ -483,8 +483,9 @@ def plain_generate(target: LoadedModel, prompt: str | Sequence[int], *, max_new_
 
 @torch.no_grad()
 def plain_generate_batch(target: LoadedModel, prompts: Sequence[str | Sequence[int]], *, max_new_tokens: int = 64,
-                         batch_size: int = 16, chat: bool = True, stop_at_eos: bool = True) -> list[GenerationResult]:
-    """Greedy target-only decoding of many prompts, ``batch_size`` rows per forward.
+                         batch_size: int = 16, chat: bool = True, stop_at_eos: bool = True,
+                         config: SamplingConfig = GREEDY, seed: int | Sequence[int] = 0) -> list[GenerationResult]:
+    """Target-only decoding of many prompts, ``batch_size`` rows per forward.
 
     Each prompt is prefilled alone (the forward :func:`plain_generate` runs, so the first
     new token is the same); then the rows of a batch decode together, one forward per
@@ -494,6 +495,11 @@ def plain_generate_batch(target: LoadedModel, prompts: Sequence[str | Sequence[i
     so that rows of a batch have similar cache lengths (results come back in the order
     given). A row's cache keeps its own slots; the padding between them is masked out.
 
+    Sampling (``config`` with a temperature) draws prompt ``i``'s tokens from its own
+    generator, seeded ``seed + i`` (or ``seed[i]``), one draw per token as
+    :func:`plain_generate` with that seed draws them: a row samples the same tokens
+    whichever rows share its batch, as long as its logits are the same.
+
     Matrix products over several rows may round differently from one-row products, so a
     row can differ from :func:`plain_generate` where the target's top two tokens are
     a near-tie; in fp32 that is rare (the tests compare both).
@@ -501,12 +507,23 @@ def plain_generate_batch(target: LoadedModel, prompts: Sequence[str | Sequence[i
     Args:
         prompts: the prompts (strings or token ids), at least one.
         batch_size: rows decoded together (1 decodes the prompts one by one).
-        Other arguments as in :func:`plain_generate` (greedy only).
+        config: greedy (default) or a sampling configuration.
+        seed: the first prompt's sampling seed (prompt ``i`` uses ``seed + i``), or one
+            seed per prompt.
+        Other arguments as in :func:`plain_generate`.
     """
     if isinstance(prompts, (str, torch.Tensor)) or not len(prompts):
         raise ValueError("prompts must be a non-empty list of prompts")
+    if not isinstance(config, SamplingConfig):
+        raise TypeError(f"config must be a SamplingConfig, got {type(config).__name__}")
     check_int("max_new_tokens", max_new_tokens)
     check_int("batch_size", batch_size)
+    if isinstance(seed, (list, tuple)):
+        seeds = [check_int("seed", s, 0) for s in seed]
+        if len(seeds) != len(prompts):
+            raise ValueError(f"seed lists {len(seeds)} seeds for {len(prompts)} prompts; give one per prompt or one int")
+    else:
+        seeds = [check_int("seed", seed, 0) + i for i in range(len(prompts))]
     encoded = [encode_prompt(target.tokenizer, p, chat) for p in prompts]
     for ids in encoded:
         _check_prompt(target, ids)
@@ -514,22 +531,30 @@ def plain_generate_batch(target: LoadedModel, prompts: Sequence[str | Sequence[i
     results: list[GenerationResult | None] = [None] * len(encoded)
     for start in range(0, len(order), batch_size):
         chunk = order[start:start + batch_size]
-        for i, result in zip(chunk, _plain_batch(target, [encoded[i] for i in chunk], max_new_tokens, stop_at_eos)):
+        gens = [make_generator(seeds[i]) for i in chunk]
+        for i, result in zip(chunk, _plain_batch(target, [encoded[i] for i in chunk], max_new_tokens, stop_at_eos,
+                                                 config, gens)):
             results[i] = result
     return results
 
 
-def _plain_batch(target: LoadedModel, prompts: list[list[int]], max_new_tokens: int,
-                 stop_at_eos: bool) -> list[GenerationResult]:
-    """One batch of :func:`plain_generate_batch`."""
+def _plain_batch(target: LoadedModel, prompts: list[list[int]], max_new_tokens: int, stop_at_eos: bool,
+                 config: SamplingConfig, generators: list[torch.Generator]) -> list[GenerationResult]:
+    """One batch of :func:`plain_generate_batch` (row ``b`` samples with ``generators[b]``)."""
+
+    def choose(logits: torch.Tensor, b: int) -> int:
+        if config.greedy:
+            return int(logits.argmax())
+        return int(sample(probs_from_logits(logits, config), generators[b])[0])
+
     start = time.perf_counter()
     stops = stop_rules(target, max_new_tokens, stop_at_eos)
     caches, tokens, reasons, walls = [], [], [], []
-    for ids in prompts:
+    for b, ids in enumerate(prompts):
         cache = new_cache(target.model)
         pos = torch.arange(len(ids))[None]  # (1, L)
         logits = forward_tokens(target.model, cache, torch.tensor([ids]), pos, None, logits_to_keep=1)[0, -1]  # (V,)
-        nxt = int(logits.argmax())
+        nxt = choose(logits, b)
         _, reason = stops.commit([nxt], len(ids), 0)
         caches.append(cache)
         tokens.append(list(ids) + [nxt])
@@ -553,7 +578,7 @@ def _plain_batch(target: LoadedModel, prompts: list[list[int]], max_new_tokens: 
         step += 1
         keep = []
         for r, b in enumerate(active):
-            nxt = int(logits[r].argmax())
+            nxt = choose(logits[r], b)
             _, reason = stops.commit([nxt], len(prompts[b]), len(tokens[b]) - len(prompts[b]))
             tokens[b].append(nxt)
             if reason:
@@ -571,6 +596,6 @@ def _plain_batch(target: LoadedModel, prompts: list[list[int]], max_new_tokens: 
         new = tuple(tokens[b][len(ids):])
         out.append(GenerationResult(
             prompt_ids=tuple(ids), output_ids=new, text=target.tokenizer.decode(list(new), skip_special_tokens=True),
-            steps=(), wall_s=walls[b], stop_reason=reasons[b], drafter="none", verifier="none", config=GREEDY,
+            steps=(), wall_s=walls[b], stop_reason=reasons[b], drafter="none", verifier="none", config=config,
             max_new_tokens=max_new_tokens))
     return out

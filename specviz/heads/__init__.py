@@ -4,8 +4,9 @@ hidden states, trained by self-distillation without downloading anything.
 * :mod:`~specviz.heads.features` - the target's last hidden states (:func:`target_features`),
   cached on disk for a training set (:func:`extract_features`);
 * :mod:`~specviz.heads.corpus` - training prompts of the study's task kinds
-  (:func:`task_prompts`) and from the Python standard library (and optionally a
-  Spec-Bench file minus the evaluation categories) continued by the target
+  (:func:`task_prompts`), written by the target itself (:func:`self_prompts`) and from
+  the Python standard library (and optionally a Spec-Bench file minus the evaluation
+  categories) continued by the target
   (:func:`build_corpus` -> :class:`Corpus`);
 * :mod:`~specviz.heads.modules` - :class:`MedusaHeads`, :class:`EagleHead` and the reduced
   draft vocabulary (:func:`reduced_vocab`, :func:`out_of_vocab_share`);

@@ -50,13 +50,16 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--tasks", type=int, metavar="N",
                    help="prompts of the study's task kinds: writing, questions, word problems, translation, "
                         "summaries, questions on a context, code (default 160; 4 with --tiny)")
+    t.add_argument("--written", type=int, metavar="N",
+                   help="prompts of those kinds written by the target itself from its chat template and a kind's "
+                        "first words, sampled (default 0)")
     t.add_argument("--new-tokens", type=int, metavar="N",
                    help="continuation tokens per prompt (default 192; 32 with --tiny)")
     t.add_argument("--temperatures", default="0", metavar="T[,T...]",
-                   help="one continuation per prompt and temperature; 0 is greedy, decoded in batches; others are "
-                        "sampled one prompt at a time (default 0)")
+                   help="one continuation per prompt and temperature; 0 is greedy, others are sampled with a seed "
+                        "per prompt (default 0)")
     t.add_argument("--decode-batch", type=int, default=16, metavar="B",
-                   help="prompts whose greedy continuations are decoded together (default 16)")
+                   help="prompts whose continuations are decoded together (default 16)")
     t.add_argument("--spec-bench", metavar="FILE", help="also use the prompts of this Spec-Bench-format file")
     t.add_argument("--exclude", metavar="CAT[,CAT...]",
                    help="held-out categories of --spec-bench (default: the evaluation categories)")
@@ -92,7 +95,7 @@ def _train(args) -> int:
         raise _UsageError("give --steps or --minutes (or both)")
     for name in ("steps", "minutes", "vocab", "new_tokens"):
         _positive(f"--{name.replace('_', '-')}", getattr(args, name))
-    for name in ("prompts", "tasks"):
+    for name in ("prompts", "tasks", "written"):
         if getattr(args, name) is not None and getattr(args, name) < 0:
             raise _UsageError(f"--{name} must be >= 0, got {getattr(args, name)}")
     for name in ("heads", "batch", "window", "lr", "decode_batch"):
@@ -105,8 +108,10 @@ def _train(args) -> int:
         raise _UsageError(f"--temperatures must list values >= 0, got {args.temperatures!r}")
     prompts = args.prompts if args.prompts is not None else (4 if args.tiny else 32)
     tasks = args.tasks if args.tasks is not None else (4 if args.tiny else 160)
-    if prompts + tasks == 0 and args.spec_bench is None:
-        raise _UsageError("no training prompts: --prompts and --tasks are both 0 and there is no --spec-bench")
+    written = args.written or 0
+    if prompts + tasks + written == 0 and args.spec_bench is None:
+        raise _UsageError("no training prompts: --prompts, --tasks and --written are all 0 and there is no "
+                          "--spec-bench")
     config = HeadConfig(n_heads=args.heads, vocab=args.vocab, lr=args.lr, batch_size=args.batch, window=args.window,
                         seed=args.seed, validation=args.validation)
     target = tiny_pair(seed=0).target if args.tiny else load_model(args.target, args.dtype)
@@ -116,9 +121,11 @@ def _train(args) -> int:
     exclude = [c.strip() for c in args.exclude.split(",") if c.strip()] if args.exclude else None
     max_chars = 300 if args.tiny else 1500
     spec = json.dumps([target.name, target.weight_mode, prompts, new_tokens, args.seed, args.spec_bench, exclude, max_chars]
-                      + ([tasks] if tasks else []))  # without tasks, the key of stores written before they existed
+                      + ([tasks] if tasks or written else [])  # without them, the key of stores written before
+                      + ([written] if written else []))
     store = cache_dir() / "heads" / "corpus" / f"{hashlib.sha256(spec.encode()).hexdigest()[:16]}.jsonl"
-    corpus = build_corpus(target, prompts=prompts, tasks=tasks, max_new_tokens=new_tokens, seed=args.seed,
+    corpus = build_corpus(target, prompts=prompts, tasks=tasks, written=written, max_new_tokens=new_tokens,
+                          seed=args.seed,
                           temperatures=temperatures, spec_bench=args.spec_bench, exclude_categories=exclude,
                           max_prompt_chars=max_chars, store=store, batch_size=args.decode_batch,
                           progress=not args.no_progress)

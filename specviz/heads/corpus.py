@@ -8,6 +8,10 @@ library and from task templates, continued by the target itself (self-distillati
 * :func:`task_prompts` - prompts of the study's task kinds (writing, questions, word
   problems, translation, summarisation, questions on a context, code) from templates
   with random slots and prose of the Python reference, never from the evaluation file;
+* :func:`self_prompts` - prompts the target writes itself: its chat template up to a
+  user turn, the turn's first words of a task kind, and the rest sampled from the
+  target (as Magpie draws instructions out of an aligned model), so their wording is
+  as varied as the model's, not the templates';
 * :func:`spec_bench_prompts` - prompts of a Spec-Bench-format file minus held-out
   categories (by default every category of the shipped evaluation set, so
   ``data/prompts.jsonl`` never leaks into training);
@@ -46,6 +50,8 @@ __all__ = [
     "stdlib_prompts",
     "TASK_KINDS",
     "task_prompts",
+    "SELF_OPENERS",
+    "self_prompts",
     "spec_bench_prompts",
     "build_corpus",
 ]
@@ -223,20 +229,20 @@ def build_corpus(target: LoadedModel, *, prompts: int = 256, max_new_tokens: int
                  temperatures: Sequence[float] = (0.0, 0.7), spec_bench: str | os.PathLike | None = None,
                  exclude_categories: Sequence[str] | None = None, max_prompt_chars: int = 1500,
                  extra_prompts: Sequence[str] = (), chat: bool = True, store: str | os.PathLike | None = None,
-                 batch_size: int = 16, progress: bool = True, tasks: int = 0) -> Corpus:
+                 batch_size: int = 16, progress: bool = True, tasks: int = 0, written: int = 0) -> Corpus:
     """Self-distilled training data: prompts continued by ``target``.
 
     The prompts are ``prompts`` standard library prompts (:func:`stdlib_prompts` with
     ``seed``), then ``tasks`` prompts of the study's task kinds (:func:`task_prompts`
-    with ``seed``), then those of ``spec_bench`` (:func:`spec_bench_prompts`, held-out
-    categories removed), then ``extra_prompts``. Each is continued once per temperature
-    of ``temperatures``: 0 is greedy decoding (the continuation a greedy run commits),
-    anything else samples with seed ``seed + i`` for prompt ``i``. Prompts too long for
-    the target's context with ``max_new_tokens`` to spare are left out. Greedy
-    continuations are decoded ``batch_size`` prompts at a time
+    with ``seed``), then ``written`` prompts the target writes itself
+    (:func:`self_prompts` with ``seed``), then those of ``spec_bench``
+    (:func:`spec_bench_prompts`, held-out categories removed), then ``extra_prompts``.
+    Each is continued once per temperature of ``temperatures``: 0 is greedy decoding
+    (the continuation a greedy run commits), anything else samples with seed ``seed + i``
+    for prompt ``i``. Prompts too long for the target's context with ``max_new_tokens``
+    to spare are left out. Continuations are decoded ``batch_size`` prompts at a time
     (:func:`~specviz.decode.engine.plain_generate_batch`: one forward per token for the
-    whole batch, several times the tokens per second of one-by-one decoding on a CPU);
-    sampled ones one by one.
+    whole batch, several times the tokens per second of one-by-one decoding on a CPU).
 
     Args:
         target: the model that writes the continuations (the heads' target).
@@ -244,6 +250,8 @@ def build_corpus(target: LoadedModel, *, prompts: int = 256, max_new_tokens: int
         tasks: prompts of the study's task kinds (0 for none): writing, questions, word
             problems, translation, summarisation, questions on a context and code, the
             kinds the heads are evaluated on.
+        written: prompts of those kinds written by the target itself (0 for none; needs
+            a chat template), kept in ``store`` like the continuations.
         max_new_tokens: continuation budget per prompt (stops earlier at end of sequence).
         seed: prompt choice and sampling seed.
         temperatures: one continuation per temperature.
@@ -254,7 +262,7 @@ def build_corpus(target: LoadedModel, *, prompts: int = 256, max_new_tokens: int
         chat: wrap prompts in the target's chat template (as decoding does).
         store: a ``.jsonl`` file keeping finished continuations (a rerun with the same
             arguments resumes from it); None keeps nothing.
-        batch_size: greedy continuations decoded together (1: one by one, as
+        batch_size: continuations decoded together (1: one by one, as
             :func:`~specviz.decode.engine.plain_generate` decodes them).
         progress: show a progress bar on stderr.
 
@@ -263,18 +271,23 @@ def build_corpus(target: LoadedModel, *, prompts: int = 256, max_new_tokens: int
     """
     from tqdm import tqdm
 
-    from specviz.decode.engine import encode_prompt, plain_generate, plain_generate_batch
+    from specviz.decode.engine import encode_prompt, plain_generate_batch
     from specviz.study.store import ResultStore
 
     check_int("prompts", prompts, 0)
     check_int("tasks", tasks, 0)
+    check_int("written", written, 0)
     check_int("max_new_tokens", max_new_tokens)
     check_int("batch_size", batch_size)
-    temps = [float(t) for t in temperatures]
+    temps = list(dict.fromkeys(float(t) for t in temperatures))  # each temperature once
     if not temps or min(temps) < 0:
         raise ValueError(f"temperatures must be a non-empty list of values >= 0, got {list(temperatures)}")
     texts = (stdlib_prompts(prompts, seed=seed, max_chars=max_prompt_chars) if prompts else [])
     texts += task_prompts(tasks, seed=seed) if tasks else []
+    results = ResultStore(store)
+    if written:
+        texts += _written_prompts(target, written, seed=seed, results=results, batch_size=batch_size,
+                                  progress=progress)
     if spec_bench is not None:
         texts += spec_bench_prompts(spec_bench, exclude_categories)
     texts += list(extra_prompts)
@@ -285,27 +298,21 @@ def build_corpus(target: LoadedModel, *, prompts: int = 256, max_new_tokens: int
     if not fits:
         raise ValueError(f"no prompt fits {target.name}'s context of {target.max_context} tokens with "
                          f"{max_new_tokens} new tokens; lower max_prompt_chars or max_new_tokens")
-    results = ResultStore(store)
     units = [(i, ids, t) for i, ids in enumerate(fits) for t in temps]
     keys = [hashlib.sha256(repr((ids, t, seed + i, max_new_tokens)).encode()).hexdigest()[:24] for i, ids, t in units]
     with tqdm(total=len(units), desc=f"continuations by {target.name}", unit="seq", file=sys.stderr,
               disable=not progress, mininterval=1.0) as bar:
         bar.update(sum(key in results for key in keys))
-        greedy = [u for u, key in enumerate(keys) if key not in results and units[u][2] == 0.0]
-        for start in range(0, len(greedy), batch_size):  # each batch is stored as soon as it is decoded
-            chunk = greedy[start:start + batch_size]
-            outs = plain_generate_batch(target, [units[u][1] for u in chunk], max_new_tokens=max_new_tokens,
-                                        batch_size=len(chunk), chat=chat)
-            for u, out in zip(chunk, outs):
-                results.add(keys[u], {"output_ids": list(out.output_ids)})
-            bar.update(len(chunk))
-        for u, key in enumerate(keys):
-            i, ids, temp = units[u]
-            if key not in results:
-                out = plain_generate(target, ids, max_new_tokens=max_new_tokens,
-                                     config=SamplingConfig(temperature=temp), seed=seed + i)
-                results.add(key, {"output_ids": list(out.output_ids)})
-                bar.update(1)
+        for temp in temps:  # greedy and each temperature in batches, stored as soon as decoded
+            todo = [u for u, key in enumerate(keys) if key not in results and units[u][2] == temp]
+            for start in range(0, len(todo), batch_size):
+                chunk = todo[start:start + batch_size]
+                outs = plain_generate_batch(target, [units[u][1] for u in chunk], max_new_tokens=max_new_tokens,
+                                            batch_size=len(chunk), chat=chat, config=SamplingConfig(temperature=temp),
+                                            seed=[seed + units[u][0] for u in chunk])
+                for u, out in zip(chunk, outs):
+                    results.add(keys[u], {"output_ids": list(out.output_ids)})
+                bar.update(len(chunk))
     sequences = [list(units[u][1]) + list(results.rows_of(key)[0]["output_ids"]) for u, key in enumerate(keys)]
     lengths = [len(units[u][1]) for u in range(len(units))]
     return Corpus.from_sequences(sequences, lengths)
@@ -341,7 +348,7 @@ _THINGS = ("a lighthouse keeper", "a reusable water bottle", "autumn in a small 
            "a rainy train journey", "a lost umbrella", "a community garden", "a solar-powered lamp",
            "the first day at a new job", "an old bicycle", "a night market", "a noise-cancelling headset")
 
-_WHY = ("is the sky blue during the day", "do leaves change colour in autumn", "does ice float on water",
+_WHY = ("does a straw look bent in a glass of water", "do leaves change colour in autumn", "does ice float on water",
         "do we have leap years", "does bread go stale", "do cats purr", "is the ocean salty",
         "does the moon have phases", "do onions make people cry", "does metal feel colder than wood",
         "do airplanes leave white trails", "do we get goosebumps", "does a compass point north",
@@ -486,6 +493,17 @@ def _math_problem(rng: random.Random) -> str:
             "one per group. How many groups are there, and how many groups have an extra student?")
 
 
+def _check_kinds(caller: str, kinds: Sequence[str]) -> list[str]:
+    """``kinds`` as a list, refused if empty or naming a kind outside :data:`TASK_KINDS`."""
+    kinds = list(kinds)
+    if not kinds:
+        raise ValueError(f"{caller} needs at least one kind")
+    for kind in kinds:
+        if kind not in TASK_KINDS:
+            raise ValueError(f"unknown task kind {kind!r}; known: {', '.join(TASK_KINDS)}")
+    return kinds
+
+
 def task_prompts(n: int, *, seed: int = 0, kinds: Sequence[str] = TASK_KINDS) -> list[str]:
     """``n`` prompts spread evenly over the task ``kinds`` of the study's prompt set
     (writing, questions, word problems, translation, summarisation, questions on a
@@ -500,12 +518,157 @@ def task_prompts(n: int, *, seed: int = 0, kinds: Sequence[str] = TASK_KINDS) ->
         ValueError: an unknown kind, or no kinds.
     """
     check_int("n", n, 0)
-    kinds = list(kinds)
-    if not kinds:
-        raise ValueError("task_prompts needs at least one kind")
-    for kind in kinds:
-        if kind not in TASK_KINDS:
-            raise ValueError(f"unknown task kind {kind!r}; known: {', '.join(TASK_KINDS)}")
+    kinds = _check_kinds("task_prompts", kinds)
     rng = random.Random(seed)
     passages = _prose_passages()
     return [_task_prompt(kinds[i % len(kinds)], rng, passages) for i in range(n)]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Prompts the target writes itself
+# ---------------------------------------------------------------------------------------------------
+
+#: first words of the user turns :func:`self_prompts` has the target write, by task kind
+SELF_OPENERS: dict[str, tuple[str, ...]] = {
+    "code": ("Write a Python function", "Write a function", "How do I", "Fix this Python code", "Implement",
+             "Write a script"),
+    "math_reasoning": ("A shop", "A train", "Solve", "If a", "Calculate", "Tom has"),
+    "qa": ("Why", "How does", "What is", "What are the", "Explain", "What is the difference between"),
+    "rag": ("Context:", "Read the text below", "Based on the following passage", "Here is a paragraph"),
+    "summarization": ("Summarize the following", "Summarise this", "Give a short summary of", "Summarize"),
+    "translation": ("Translate the following", "Translate this", "Translate into", "How do you say"),
+    "writing": ("Write an email", "Write a short letter", "Write a message", "Write a short story",
+                "Write a blog post", "Draft"),
+}
+
+
+def _usable_prompt(text: str, *, min_words: int = 4, latin: float = 0.9) -> bool:
+    """Whether a written prompt is worth answering: at least ``min_words`` words, no line
+    that starts with "assistant" (the model answering its own request inside the user
+    turn), and at least a share ``latin`` of its letters in Latin scripts (a small model
+    drifts into other scripts mid-sentence; the evaluation prompts are English)."""
+    if len(text.split()) < min_words:
+        return False
+    if any(line.strip().lower().startswith("assistant") for line in text.splitlines()):
+        return False
+    letters = [c for c in text if c.isalpha()]
+    return not letters or sum(ord(c) < 0x250 for c in letters) >= latin * len(letters)
+
+
+def _turn_prefix(target: LoadedModel) -> str:
+    """The target's chat template up to the text of a user turn (system turn included)."""
+    tok = target.tokenizer
+    if not getattr(tok, "chat_template", None):
+        raise ValueError(f"{target.name}'s tokenizer has no chat template, so it cannot write prompts itself; "
+                         "use task or standard library prompts")
+    marker = "\u2063specviz-user-turn\u2063"
+    text = tok.apply_chat_template([{"role": "user", "content": marker}], tokenize=False,
+                                   add_generation_prompt=False)
+    if text.count(marker) != 1:
+        raise ValueError(f"{target.name}'s chat template does not put a user turn's text in one place")
+    return text[:text.index(marker)]
+
+
+def self_prompts(target: LoadedModel, n: int, *, seed: int = 0, kinds: Sequence[str] = TASK_KINDS,
+                 temperature: float = 0.9, top_p: float = 0.95, max_tokens: int = 160, batch_size: int = 16,
+                 min_words: int = 4, latin: float = 0.9, complete: bool = True, max_attempts: int | None = None,
+                 store: str | os.PathLike | None = None, progress: bool = True) -> list[str]:
+    """``n`` prompts written by ``target`` itself: no prompt file, no template beyond the
+    first words.
+
+    Attempt ``j`` feeds the target its chat template up to a user turn's text and the
+    first words of a task kind (kind ``kinds[j % len(kinds)]``, words chosen from
+    :data:`SELF_OPENERS` by ``seed`` and ``j``), and samples the rest of the turn
+    (``temperature``, nucleus ``top_p``, seed ``seed + j``) until the model ends the turn.
+    An instruction-tuned model writes what users ask it: this is how Magpie (Xu et al.,
+    2024) draws instruction data out of an aligned model. Heads trained on the target's
+    answers to such prompts see the model's own variety of requests, not a template's.
+
+    A written turn is kept if it ended within ``max_tokens`` (``complete``), has at
+    least ``min_words`` words, no line starting with "assistant", at least a share
+    ``latin`` of its letters in Latin scripts and is not a repeat; attempts go on (``batch_size`` sampled together) until ``n`` are
+    kept or ``max_attempts`` (default ``4 * n + 16``) were made. The result depends only
+    on the target, the arguments and, for rounding near-ties, the batch size.
+
+    Args:
+        store: a ``.jsonl`` file keeping every attempt's text (a rerun resumes from it).
+
+    Raises:
+        ValueError: bad arguments, a tokenizer without a chat template, or fewer than
+            ``n`` usable prompts after ``max_attempts`` attempts (the message gives the
+            counts and what to loosen).
+    """
+    from specviz.study.store import ResultStore
+
+    return _written_prompts(target, n, seed=seed, kinds=kinds, temperature=temperature, top_p=top_p,
+                            max_tokens=max_tokens, batch_size=batch_size, min_words=min_words, latin=latin,
+                            complete=complete, max_attempts=max_attempts, results=ResultStore(store),
+                            progress=progress)
+
+
+def _written_prompts(target: LoadedModel, n: int, *, seed: int, results, kinds: Sequence[str] = TASK_KINDS,
+                     temperature: float = 0.9, top_p: float = 0.95, max_tokens: int = 160, batch_size: int = 16,
+                     min_words: int = 4, latin: float = 0.9, complete: bool = True,
+                     max_attempts: int | None = None, progress: bool = True) -> list[str]:
+    """:func:`self_prompts` with an open result store."""
+    from tqdm import tqdm
+
+    from specviz.decode.engine import plain_generate_batch
+
+    check_int("n", n, 0)
+    check_int("seed", seed, 0)
+    check_int("max_tokens", max_tokens)
+    check_int("batch_size", batch_size)
+    check_int("min_words", min_words, 0)
+    attempts = 4 * n + 16 if max_attempts is None else check_int("max_attempts", max_attempts)
+    if not 0.0 <= latin <= 1.0:
+        raise ValueError(f"latin must be a share in [0, 1], got {latin!r}")
+    kinds = _check_kinds("self_prompts", kinds)
+    config = SamplingConfig(temperature=temperature, top_p=top_p)
+    if config.greedy:
+        raise ValueError("self_prompts samples; temperature must be > 0 (greedy writes the same prompt every time)")
+    if n == 0:
+        return []
+    prefix = _turn_prefix(target)
+    tok = target.tokenizer
+
+    def opener(j: int) -> str:
+        return random.Random(f"{seed}/{j}").choice(SELF_OPENERS[kinds[j % len(kinds)]])
+
+    def key(j: int) -> str:
+        wanted = (prefix, opener(j), seed + j, temperature, top_p, max_tokens)
+        return "written-" + hashlib.sha256(repr(wanted).encode()).hexdigest()[:24]
+
+    kept: list[str] = []
+    seen: set[str] = set()
+
+    def consider(j: int) -> None:
+        row = results.rows_of(key(j))[0]
+        text = row["text"].strip()
+        if (row["ended"] or not complete) and _usable_prompt(text, min_words=min_words, latin=latin) \
+                and text not in seen and len(kept) < n:
+            seen.add(text)
+            kept.append(text)
+
+    j = 0
+    with tqdm(total=n, desc=f"prompts written by {target.name}", unit="prompt", file=sys.stderr,
+              disable=not progress, mininterval=1.0) as bar:
+        while len(kept) < n and j < attempts:
+            batch = list(range(j, min(j + batch_size, attempts)))
+            todo = [b for b in batch if key(b) not in results]
+            if todo:
+                ids = [tok(prefix + opener(b), add_special_tokens=False)["input_ids"] for b in todo]
+                outs = plain_generate_batch(target, ids, max_new_tokens=max_tokens, batch_size=len(todo),
+                                            chat=False, config=config, seed=[seed + b for b in todo])
+                for b, out in zip(todo, outs):
+                    text = opener(b) + tok.decode(list(out.output_ids), skip_special_tokens=True)
+                    results.add(key(b), {"text": text, "ended": out.stop_reason == "eos"})
+            before = len(kept)
+            for b in batch:
+                consider(b)
+            bar.update(len(kept) - before)
+            j = batch[-1] + 1
+    if len(kept) < n:
+        raise ValueError(f"{target.name} wrote {len(kept)} usable prompts of {n} in {j} attempts; allow more "
+                         "attempts (max_attempts), longer turns (max_tokens) or loosen min_words / latin / complete")
+    return kept
