@@ -521,7 +521,8 @@ def plain_generate_batch(target: LoadedModel, prompts: Sequence[str | Sequence[i
     if isinstance(seed, (list, tuple)):
         seeds = [check_int("seed", s, 0) for s in seed]
         if len(seeds) != len(prompts):
-            raise ValueError(f"seed lists {len(seeds)} seeds for {len(prompts)} prompts; give one per prompt or one int")
+            raise ValueError(f"seed lists {len(seeds)} seeds for {len(prompts)} prompts; "
+                             "give one per prompt or one int")
     else:
         seeds = [check_int("seed", seed, 0) + i for i in range(len(prompts))]
     encoded = [encode_prompt(target.tokenizer, p, chat) for p in prompts]

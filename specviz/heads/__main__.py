@@ -121,14 +121,13 @@ def _train(args) -> int:
     exclude = [c.strip() for c in args.exclude.split(",") if c.strip()] if args.exclude else None
     max_chars = 300 if args.tiny else 1500
     spec = json.dumps([target.name, target.weight_mode, prompts, new_tokens, args.seed, args.spec_bench, exclude, max_chars]
-                      + ([tasks] if tasks or written else [])  # without them, the key of stores written before
+                      + ([tasks] if tasks or written else [])  # stores written before either existed keep their key
                       + ([written] if written else []))
     store = cache_dir() / "heads" / "corpus" / f"{hashlib.sha256(spec.encode()).hexdigest()[:16]}.jsonl"
     corpus = build_corpus(target, prompts=prompts, tasks=tasks, written=written, max_new_tokens=new_tokens,
-                          seed=args.seed,
-                          temperatures=temperatures, spec_bench=args.spec_bench, exclude_categories=exclude,
-                          max_prompt_chars=max_chars, store=store, batch_size=args.decode_batch,
-                          progress=not args.no_progress)
+                          seed=args.seed, temperatures=temperatures, spec_bench=args.spec_bench,
+                          exclude_categories=exclude, max_prompt_chars=max_chars, store=store,
+                          batch_size=args.decode_batch, progress=not args.no_progress)
     print(f"corpus: {len(corpus)} sequences, {corpus.tokens} tokens, sha256 {corpus.sha256[:16]}", file=sys.stderr)
     result = train_heads(args.kind, target, corpus, minutes=args.minutes, steps=args.steps, out_dir=args.out,
                          config=config, progress=not args.no_progress)

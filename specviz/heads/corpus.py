@@ -586,9 +586,10 @@ def self_prompts(target: LoadedModel, n: int, *, seed: int = 0, kinds: Sequence[
 
     A written turn is kept if it ended within ``max_tokens`` (``complete``), has at
     least ``min_words`` words, no line starting with "assistant", at least a share
-    ``latin`` of its letters in Latin scripts and is not a repeat; attempts go on (``batch_size`` sampled together) until ``n`` are
-    kept or ``max_attempts`` (default ``4 * n + 16``) were made. The result depends only
-    on the target, the arguments and, for rounding near-ties, the batch size.
+    ``latin`` of its letters in Latin scripts and is not a repeat; attempts go on
+    (``batch_size`` sampled together) until ``n`` are kept or ``max_attempts`` (default
+    ``4 * n + 16``) were made. The result depends only on the target, the arguments and,
+    for rounding near-ties, the batch size.
 
     Args:
         store: a ``.jsonl`` file keeping every attempt's text (a rerun resumes from it).
