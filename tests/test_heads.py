@@ -212,8 +212,8 @@ def test_build_corpus_adds_task_prompts(tiny_pair):
 
 def _loose(monkeypatch):
     """Keep every turn the tiny random target writes (it never ends one, nor writes words)."""
-    monkeypatch.setattr(corpus_module, "_written_prompts", functools.partial(
-        corpus_module._written_prompts, complete=False, min_words=0, latin=0.0))
+    monkeypatch.setattr(corpus_module, "self_prompts", functools.partial(
+        corpus_module.self_prompts, complete=False, min_words=0, latin=0.0))
 
 
 def test_self_prompts_are_written_by_the_target(tiny_pair, tmp_path, monkeypatch):
@@ -264,7 +264,7 @@ def test_build_corpus_adds_written_prompts(tiny_pair, tmp_path, monkeypatch):
     kwargs = dict(prompts=0, max_new_tokens=4, temperatures=(0.0,), batch_size=2, progress=False)
     store = tmp_path / "corpus.jsonl"
     data = build_corpus(tiny_pair.target, tasks=1, written=2, store=store, **kwargs)
-    written = corpus_module._written_prompts(tiny_pair.target, 2, seed=0, results=ResultStore(None), progress=False)
+    written = corpus_module.self_prompts(tiny_pair.target, 2, seed=0, store=ResultStore(None), progress=False)
     assert len(data) == 3 and data.sequences[0] == build_corpus(tiny_pair.target, tasks=1, **kwargs).sequences[0]
     prompts = [tiny_pair.target.tokenizer.decode(s[:n]) for s, n in zip(data.sequences, data.prompt_lengths)]
     assert all(w in p for w, p in zip(written, prompts[1:]))

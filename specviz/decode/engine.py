@@ -467,10 +467,7 @@ def plain_generate(target: LoadedModel, prompt: str | Sequence[int], *, max_new_
         pos = torch.arange(len(tokens) - feed.shape[1], len(tokens))[None]  # (1, n)
         with phase("prefill" if len(tokens) == len(ids) else "forward"):
             logits = forward_tokens(target.model, cache, feed, pos, None, logits_to_keep=1)[0, -1]  # (V,)
-        if config.greedy:
-            nxt = int(logits.argmax())
-        else:
-            nxt = int(sample(probs_from_logits(logits, config), generator)[0])
+        nxt = _next_token(logits, config, generator)
         _, reason = stops.commit([nxt], len(ids), len(tokens) - len(ids))
         tokens.append(nxt)
         feed = torch.tensor([[nxt]])
@@ -479,6 +476,14 @@ def plain_generate(target: LoadedModel, prompt: str | Sequence[int], *, max_new_
         prompt_ids=tuple(ids), output_ids=out, text=target.tokenizer.decode(list(out), skip_special_tokens=True),
         steps=(), wall_s=time.perf_counter() - start, stop_reason=reason, drafter="none",
         verifier="none", config=config, max_new_tokens=max_new_tokens)
+
+
+def _next_token(logits: torch.Tensor, config: SamplingConfig, generator: torch.Generator) -> int:
+    """The token target-only decoding commits after ``logits`` ``(V,)``: the argmax, or one
+    draw from ``generator`` when ``config`` samples."""
+    if config.greedy:
+        return int(logits.argmax())
+    return int(sample(probs_from_logits(logits, config), generator)[0])
 
 
 @torch.no_grad()
@@ -542,12 +547,6 @@ def plain_generate_batch(target: LoadedModel, prompts: Sequence[str | Sequence[i
 def _plain_batch(target: LoadedModel, prompts: list[list[int]], max_new_tokens: int, stop_at_eos: bool,
                  config: SamplingConfig, generators: list[torch.Generator]) -> list[GenerationResult]:
     """One batch of :func:`plain_generate_batch` (row ``b`` samples with ``generators[b]``)."""
-
-    def choose(logits: torch.Tensor, b: int) -> int:
-        if config.greedy:
-            return int(logits.argmax())
-        return int(sample(probs_from_logits(logits, config), generators[b])[0])
-
     start = time.perf_counter()
     stops = stop_rules(target, max_new_tokens, stop_at_eos)
     caches, tokens, reasons, walls = [], [], [], []
@@ -555,7 +554,7 @@ def _plain_batch(target: LoadedModel, prompts: list[list[int]], max_new_tokens: 
         cache = new_cache(target.model)
         pos = torch.arange(len(ids))[None]  # (1, L)
         logits = forward_tokens(target.model, cache, torch.tensor([ids]), pos, None, logits_to_keep=1)[0, -1]  # (V,)
-        nxt = choose(logits, b)
+        nxt = _next_token(logits, config, generators[b])
         _, reason = stops.commit([nxt], len(ids), 0)
         caches.append(cache)
         tokens.append(list(ids) + [nxt])
@@ -579,7 +578,7 @@ def _plain_batch(target: LoadedModel, prompts: list[list[int]], max_new_tokens: 
         step += 1
         keep = []
         for r, b in enumerate(active):
-            nxt = choose(logits[r], b)
+            nxt = _next_token(logits[r], config, generators[b])
             _, reason = stops.commit([nxt], len(prompts[b]), len(tokens[b]) - len(prompts[b]))
             tokens[b].append(nxt)
             if reason:

@@ -36,13 +36,16 @@ import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
 from specviz.models.loading import LoadedModel
 from specviz.sampling import SamplingConfig
 from specviz.validate import check_int
+
+if TYPE_CHECKING:
+    from specviz.study.store import ResultStore
 
 __all__ = [
     "Corpus",
@@ -286,8 +289,7 @@ def build_corpus(target: LoadedModel, *, prompts: int = 256, max_new_tokens: int
     texts += task_prompts(tasks, seed=seed) if tasks else []
     results = ResultStore(store)
     if written:
-        texts += _written_prompts(target, written, seed=seed, results=results, batch_size=batch_size,
-                                  progress=progress)
+        texts += self_prompts(target, written, seed=seed, store=results, batch_size=batch_size, progress=progress)
     if spec_bench is not None:
         texts += spec_bench_prompts(spec_bench, exclude_categories)
     texts += list(extra_prompts)
@@ -572,7 +574,7 @@ def _turn_prefix(target: LoadedModel) -> str:
 def self_prompts(target: LoadedModel, n: int, *, seed: int = 0, kinds: Sequence[str] = TASK_KINDS,
                  temperature: float = 0.9, top_p: float = 0.95, max_tokens: int = 160, batch_size: int = 16,
                  min_words: int = 4, latin: float = 0.9, complete: bool = True, max_attempts: int | None = None,
-                 store: str | os.PathLike | None = None, progress: bool = True) -> list[str]:
+                 store: str | os.PathLike | ResultStore | None = None, progress: bool = True) -> list[str]:
     """``n`` prompts written by ``target`` itself: no prompt file, no template beyond the
     first words.
 
@@ -592,29 +594,18 @@ def self_prompts(target: LoadedModel, n: int, *, seed: int = 0, kinds: Sequence[
     for rounding near-ties, the batch size.
 
     Args:
-        store: a ``.jsonl`` file keeping every attempt's text (a rerun resumes from it).
+        store: a ``.jsonl`` file keeping every attempt's text (a rerun resumes from it),
+            or an open :class:`~specviz.study.store.ResultStore`; None keeps nothing.
 
     Raises:
         ValueError: bad arguments, a tokenizer without a chat template, or fewer than
             ``n`` usable prompts after ``max_attempts`` attempts (the message gives the
             counts and what to loosen).
     """
-    from specviz.study.store import ResultStore
-
-    return _written_prompts(target, n, seed=seed, kinds=kinds, temperature=temperature, top_p=top_p,
-                            max_tokens=max_tokens, batch_size=batch_size, min_words=min_words, latin=latin,
-                            complete=complete, max_attempts=max_attempts, results=ResultStore(store),
-                            progress=progress)
-
-
-def _written_prompts(target: LoadedModel, n: int, *, seed: int, results, kinds: Sequence[str] = TASK_KINDS,
-                     temperature: float = 0.9, top_p: float = 0.95, max_tokens: int = 160, batch_size: int = 16,
-                     min_words: int = 4, latin: float = 0.9, complete: bool = True,
-                     max_attempts: int | None = None, progress: bool = True) -> list[str]:
-    """:func:`self_prompts` with an open result store."""
     from tqdm import tqdm
 
     from specviz.decode.engine import plain_generate_batch
+    from specviz.study.store import ResultStore
 
     check_int("n", n, 0)
     check_int("seed", seed, 0)
@@ -632,6 +623,7 @@ def _written_prompts(target: LoadedModel, n: int, *, seed: int, results, kinds: 
         return []
     prefix = _turn_prefix(target)
     tok = target.tokenizer
+    results = store if isinstance(store, ResultStore) else ResultStore(store)
 
     def opener(j: int) -> str:
         return random.Random(f"{seed}/{j}").choice(SELF_OPENERS[kinds[j % len(kinds)]])
