@@ -120,3 +120,82 @@ def test_hooks_and_unsupported_cases_run_transformers_forward(tiny_pair):
     finally:
         model.eval()
     assert kv._direct_forward_supported(model)
+
+
+def _tree_inputs():
+    tokens = torch.tensor([[5, 6, 7, 8]])
+    positions = torch.tensor([[9, 10, 10, 11]])
+    allowed = torch.ones(1, 4, 13, dtype=torch.bool)
+    allowed[0, :, 9:] = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
+    return tokens, positions, allowed
+
+
+def _run(model, tokens, positions, allowed, **kw):
+    ids = torch.randint(3, 90, (1, 9), generator=torch.Generator().manual_seed(1))
+    cache = _prefilled(model, ids)()
+    out = forward_tokens(model, cache, tokens, positions, allowed, hidden=True, **kw)
+    return out, [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen2-w8a8-token", "llama"])
+def test_traced_layers_are_bitwise_the_python_loop(monkeypatch, arch):
+    """On a CPU the direct loop runs each layer's halves as TorchScript programs; the Python
+    module calls (SPECVIZ_NO_TRACE=1) give bitwise the same logits, hidden states and cache."""
+    model = _llama() if arch == "llama" else tiny_model(dtype={"qwen2": torch.float32,
+                                                               "qwen2-w8a8-token": "w8a8-token"}[arch]).model
+    monkeypatch.setenv(kv.NO_TRACE_ENV, "1")
+    _run(model, *_tree_inputs())
+    assert model not in kv._programs  # switched off: nothing recorded
+    for tokens, positions, allowed in (_tree_inputs(), (torch.tensor([[11]]), torch.tensor([[9]]), None),
+                                       (torch.tensor([[11, 12, 13]]), torch.tensor([[9, 10, 11]]),
+                                        torch.ones(1, 3, 12, dtype=torch.bool).tril(9))):
+        monkeypatch.setenv(kv.NO_TRACE_ENV, "1")
+        ref, ref_cache = _run(model, tokens, positions, allowed)
+        monkeypatch.delenv(kv.NO_TRACE_ENV)
+        ours, our_cache = _run(model, tokens, positions, allowed)
+        assert kv._programs.get(model) is not None  # the programs ran
+        assert torch.equal(ref[0], ours[0]) and torch.equal(ref[1], ours[1])
+        assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(ref_cache, our_cache))
+
+
+def test_traced_layers_follow_hooks_and_swapped_modules(tiny_pair):
+    """A forward hook inside a layer runs (the Python loop takes over); a module swapped in
+    after the programs were recorded is used (they are recorded again)."""
+    model = tiny_model(seed=3).model
+    tokens, positions, allowed = _tree_inputs()
+    first, _ = _run(model, tokens, positions, allowed)
+    programs = kv._programs[model][2]
+    seen = []
+    handle = model.model.layers[1].mlp.down_proj.register_forward_hook(lambda *a: seen.append(1))
+    try:
+        hooked, _ = _run(model, tokens, positions, allowed)
+    finally:
+        handle.remove()
+    assert seen and torch.equal(hooked[0], first[0])
+    assert kv._programs[model][2] is programs  # unchanged model: the same programs again
+    _run(model, tokens, positions, allowed)
+    assert kv._programs[model][2] is programs
+    old = model.model.layers[0].mlp.down_proj
+    new = torch.nn.Linear(old.in_features, old.out_features, bias=False)
+    with torch.no_grad():
+        new.weight.copy_(old.weight * 2)
+    model.model.layers[0].mlp.down_proj = new
+    swapped, _ = _run(model, tokens, positions, allowed)
+    assert kv._programs[model][2] is not programs
+    expected = model(input_ids=torch.cat([torch.randint(3, 90, (1, 9), generator=torch.Generator().manual_seed(1)),
+                                          tokens[:, :2]], dim=1)).logits[0, -1]
+    assert not torch.equal(swapped[0][0, 1], first[0][0, 1])
+    assert torch.allclose(swapped[0][0, 1], expected, atol=1e-5)  # node 1 follows the root: a causal path
+
+
+def test_layers_with_other_modules_run_in_python():
+    """w8a8's layers choose their kernel by row count, which a recorded program would fix:
+    such a model runs its layers as Python calls (and still equals transformers' forward)."""
+    model = tiny_model(dtype="w8a8").model
+    tokens, positions, allowed = _tree_inputs()
+    ours, _ = _run(model, tokens, positions, allowed)
+    assert model not in kv._programs
+    ids = torch.randint(3, 90, (1, 9), generator=torch.Generator().manual_seed(1))
+    cache = _prefilled(model, ids)()
+    ref = forward_tokens(model, cache, tokens, positions, allowed, attention="sdpa")
+    assert torch.equal(ref, ours[0])

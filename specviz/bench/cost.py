@@ -64,7 +64,9 @@ def forward_cost_curve(model: LoadedModel, sizes: Sequence[int], *, prefix_len: 
                        repeats: int = 3, seed: int = 0) -> pd.DataFrame:
     """Time one forward of ``n`` new tokens after a ``prefix_len``-token KV cache, for each ``n``.
 
-    The new tokens attend causally to the cache and to each other; a tree mask costs the
+    The new tokens attend causally to the cache and to each other, through an explicit mask
+    as the engine's verification passes one (so the forward takes the engine's path,
+    :func:`~specviz.models.kvcache.forward_tokens`' layer loop); a tree mask costs the
     same (the attention is one dense call either way, notebook 05), so this is the cost
     of verifying ``n`` tree nodes, or of drafting one level of ``n`` nodes.
 
@@ -91,10 +93,14 @@ def forward_cost_curve(model: LoadedModel, sizes: Sequence[int], *, prefix_len: 
     for n in sizes:
         ids = torch.randint(0, vocab, (1, n), generator=gen)  # (1, n)
         pos = torch.arange(prefix_len, prefix_len + n)[None]  # (1, n)
+        # causal over cache + new tokens; a prefill (no cache) and one token need no mask
+        allowed = None
+        if prefix_len and n > 1:
+            allowed = torch.ones(1, n, prefix_len + n, dtype=torch.bool).tril(prefix_len)  # (1, n, P + n)
 
         def step() -> None:
             # a prefill keeps only its last position's logits, as the engine's does
-            forward_tokens(model.model, cache, ids, pos, None, **({} if prefix_len else {"logits_to_keep": 1}))
+            forward_tokens(model.model, cache, ids, pos, allowed, **({} if prefix_len else {"logits_to_keep": 1}))
             synchronize(model.device)
             crop_cache(cache, prefix_len)
 
