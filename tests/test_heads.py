@@ -727,6 +727,23 @@ def test_merged_trees_hand_the_heads_the_engines_hidden_states(tiny_pair, traine
         assert out.n_new_tokens == 16, name
 
 
+def test_a_cascade_hands_the_heads_the_prefill_when_lookup_drafts_first(tiny_pair, trained, monkeypatch):
+    """In a cascade whose first part is prompt lookup, the heads may draft only later steps:
+    they still read the prefill's and the engine's hidden states, never a target forward of
+    their own, and the output is plain decoding's."""
+    from specviz.draft.fallback import FallbackDrafter
+    drafters = _drafters(tiny_pair, trained)
+    monkeypatch.setattr(drafters_module, "target_features", _no_target_forward)
+    prompt = "the cat and the dog and the cat and the dog and the"
+    ref = plain_generate(tiny_pair.target, prompt, max_new_tokens=24, chat=False)
+    for name in ("medusa", "eagle"):
+        cascade = FallbackDrafter([NgramDrafter(n=2, k=2, min_n=1), drafters[name]])
+        out = speculative_generate(tiny_pair.target, cascade, prompt, max_new_tokens=24, chat=False)
+        assert out.output_ids == ref.output_ids, name
+        parts = [int(s.tree.source[0]) if s.tree.n_nodes > 1 else None for s in out.steps]
+        assert parts[0] == 0 and 1 in parts, (name, parts)  # lookup drafted first, the heads later
+
+
 def test_drafter_checks(tiny_pair, trained):
     with pytest.raises(ValueError, match="depth 5 but the heads draft only 4"):
         MedusaDrafter(tiny_pair.target, trained["medusa"].heads, chain(5))

@@ -114,7 +114,8 @@ class _TargetFeatures:
 
     def __init__(self, known: tuple[list[int], torch.Tensor] | None = None) -> None:
         self.tokens: list[int] = []
-        self.features: torch.Tensor | None = None  # (len(tokens), H)
+        self.features: torch.Tensor | None = None  # (unknown + len(tokens), H)
+        self._unknown = 0  # leading positions of features whose token ids were not seen (the prompt's)
         self._prefill: torch.Tensor | None = None
         self._known = known  # features of a longer sequence, sliced where the context is its prefix
 
@@ -122,10 +123,14 @@ class _TargetFeatures:
         """Take the engine's hidden states (see :meth:`Drafter.observe_hidden`)."""
         hidden = hidden.detach().float().cpu()
         if step is None:
-            self.tokens, self.features, self._prefill = [], None, hidden
+            self.tokens, self.features, self._prefill, self._unknown = [], None, hidden, 0
             return
-        if self.features is None or len(self.tokens) != step.context_len - 1:
-            self.tokens, self.features = [], None  # out of step: recomputed at the next draft
+        if self.features is None and self._prefill is not None and self._prefill.shape[0] == step.context_len - 1:
+            # another drafter drafted the first steps (a cascade): the prompt's features come from
+            # the prefill; its token ids are checked against the context at the next draft
+            self.tokens, self.features, self._unknown, self._prefill = [], self._prefill, self._prefill.shape[0], None
+        if self.features is None or self._unknown + len(self.tokens) != step.context_len - 1:
+            self.tokens, self.features, self._unknown = [], None, 0  # out of step: recomputed at the next draft
             return
         nodes = [0] + list(step.acceptance.accepted_nodes)
         self.tokens.extend(step.tree.tokens[nodes].tolist())
@@ -136,8 +141,14 @@ class _TargetFeatures:
         want = context[:-1]
         if self._prefill is not None:
             if self._prefill.shape[0] == len(want):
-                self.tokens, self.features = list(want), self._prefill
+                self.tokens, self.features, self._unknown = list(want), self._prefill, 0
             self._prefill = None
+        if self._unknown:
+            if len(want) == self._unknown + len(self.tokens) and want[self._unknown:] == self.tokens:
+                self.tokens = list(want)  # the observed steps continue this context: its prompt is the prefill's
+            else:
+                self.features = None
+            self._unknown = 0
         if self.features is None or self.tokens != want:
             known_tokens, known = self._known if self._known is not None else ([], None)
             if known is not None and len(want) <= len(known_tokens) and known_tokens[:len(want)] == want:
