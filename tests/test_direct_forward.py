@@ -158,7 +158,7 @@ def test_traced_layers_are_bitwise_the_python_loop(monkeypatch, arch):
         assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(ref_cache, our_cache))
 
 
-def test_traced_layers_follow_hooks_and_swapped_modules(tiny_pair):
+def test_traced_layers_follow_hooks_and_swapped_modules():
     """A forward hook inside a layer runs (the Python loop takes over); a module swapped in
     after the programs were recorded is used (they are recorded again)."""
     model = tiny_model(seed=3).model
