@@ -30,6 +30,7 @@ E = hidden size.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import warnings
@@ -249,10 +250,28 @@ def _direct_forward_supported(model) -> bool:
     return not (torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks)
 
 
-class _BeforeAttention(torch.nn.Module):
+def _before_attention(layer, rotary, h, cos, sin):
     """A decoder layer up to its attention: input norm, query/key/value projections, rotary
-    embedding; ``(h, cos, sin) -> (q, k, v)``, each ``(B, heads, N, D)``. The layer's own
-    modules and the model's own rotary function, in the order of the layer's forward."""
+    embedding; ``(q, k, v)``, each ``(B, heads, N, D)``. The layer's own modules and the
+    model's own rotary function, in the order of the layer's forward."""
+    attn = layer.self_attn
+    x = layer.input_layernorm(h)
+    heads = (*h.shape[:-1], -1, attn.head_dim)
+    q = attn.q_proj(x).view(heads).transpose(1, 2)
+    k = attn.k_proj(x).view(heads).transpose(1, 2)
+    v = attn.v_proj(x).view(heads).transpose(1, 2)
+    return rotary(q, k, cos, sin) + (v,)
+
+
+def _after_attention(layer, h, out):
+    """A decoder layer after its attention (``out`` ``(B, N, heads, D)``): output
+    projection, residual, norm, MLP, residual; the new ``h``."""
+    h = h + layer.self_attn.o_proj(out.reshape(*h.shape[:-1], -1).contiguous())
+    return h + layer.mlp(layer.post_attention_layernorm(h))
+
+
+class _BeforeAttention(torch.nn.Module):
+    """:func:`_before_attention` of one layer as a module, to be traced."""
 
     def __init__(self, layer, rotary) -> None:
         super().__init__()
@@ -260,27 +279,18 @@ class _BeforeAttention(torch.nn.Module):
         self.rotary = rotary
 
     def forward(self, h, cos, sin):
-        attn = self.layer.self_attn
-        x = self.layer.input_layernorm(h)
-        heads = (*h.shape[:-1], -1, attn.head_dim)
-        q = attn.q_proj(x).view(heads).transpose(1, 2)
-        k = attn.k_proj(x).view(heads).transpose(1, 2)
-        v = attn.v_proj(x).view(heads).transpose(1, 2)
-        return self.rotary(q, k, cos, sin) + (v,)
+        return _before_attention(self.layer, self.rotary, h, cos, sin)
 
 
 class _AfterAttention(torch.nn.Module):
-    """A decoder layer after its attention: output projection, residual, norm, MLP,
-    residual; ``(h, attention output (B, N, heads, D)) -> h``."""
+    """:func:`_after_attention` of one layer as a module, to be traced."""
 
     def __init__(self, layer) -> None:
         super().__init__()
         self.layer = layer
 
     def forward(self, h, out):
-        layer = self.layer
-        h = h + layer.self_attn.o_proj(out.reshape(*h.shape[:-1], -1).contiguous())
-        return h + layer.mlp(layer.post_attention_layernorm(h))
+        return _after_attention(self.layer, h, out)
 
 
 #: ``SPECVIZ_NO_TRACE=1`` runs the decoder loop's layer halves as Python module calls
@@ -316,10 +326,10 @@ def _unchanged(recorded, layers) -> bool:
     if list(layers) != layer_list:
         return False
     for m in leaves:
-        if m._forward_hooks or m._forward_pre_hooks or m._modules:
+        if _has_hooks(m) or m._modules:
             return False
     for m, children in parents:
-        if m._forward_hooks or m._forward_pre_hooks or list(m._modules.values()) != children:
+        if _has_hooks(m) or list(m._modules.values()) != children:
             return False
     return True
 
@@ -345,8 +355,7 @@ def _layer_programs(model, layers, rotary, h, cos_sin):
         return found[2]
     recorded = (list(layers), _layer_modules(layers))
     for m in recorded[1][0] + [p for p, _ in recorded[1][1]]:
-        if (m._forward_hooks or m._forward_pre_hooks
-                or type(m).__name__ not in TRACEABLE_MODULES.get(type(m).__module__, ())):
+        if _has_hooks(m) or type(m).__name__ not in TRACEABLE_MODULES.get(type(m).__module__, ()):
             return None
     programs = []
     x = h
@@ -389,30 +398,16 @@ def _direct_forward(model, cache: DynamicCache, tokens: torch.Tensor, position_i
     attend = ALL_ATTENTION_FUNCTIONS.get_interface(config._attn_implementation,
                                                    sys.modules[type(model).__module__].eager_attention_forward)
     layers = decoder.layers[: config.num_hidden_layers]
-    programs = _layer_programs(model, layers, rotary, h, cos_sin)
-    if programs is not None:
-        for layer, (before, after) in zip(layers, programs):
-            attn = layer.self_attn
-            q, k, v = before(h, *cos_sin)
-            k, v = cache.update(k, v, attn.layer_idx)
-            out, _ = attend(attn, q, k, v, mask, dropout=0.0, scaling=attn.scaling, **sliding,
-                            position_ids=position_ids, use_cache=True, **extra)
-            h = after(h, out)
-    else:  # the same steps as Python module calls
-        shape = h.shape[:-1]
-        for layer in layers:
-            attn = layer.self_attn
-            x = layer.input_layernorm(h)
-            heads = (*shape, -1, attn.head_dim)
-            q = attn.q_proj(x).view(heads).transpose(1, 2)
-            k = attn.k_proj(x).view(heads).transpose(1, 2)
-            v = attn.v_proj(x).view(heads).transpose(1, 2)
-            q, k = rotary(q, k, *cos_sin)
-            k, v = cache.update(k, v, attn.layer_idx)
-            out, _ = attend(attn, q, k, v, mask, dropout=0.0, scaling=attn.scaling, **sliding,
-                            position_ids=position_ids, use_cache=True, **extra)
-            h = h + attn.o_proj(out.reshape(*shape, -1).contiguous())
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+    halves = _layer_programs(model, layers, rotary, h, cos_sin) or [  # else the same steps as Python calls
+        (functools.partial(_before_attention, layer, rotary), functools.partial(_after_attention, layer))
+        for layer in layers]
+    for layer, (before, after) in zip(layers, halves):
+        attn = layer.self_attn
+        q, k, v = before(h, *cos_sin)
+        k, v = cache.update(k, v, attn.layer_idx)
+        out, _ = attend(attn, q, k, v, mask, dropout=0.0, scaling=attn.scaling, **sliding,
+                        position_ids=position_ids, use_cache=True, **extra)
+        h = after(h, out)
     h = decoder.norm(h)
     kept = h[:, slice(-logits_to_keep, None), :]
     return model.lm_head(kept), (h if hidden else None)
