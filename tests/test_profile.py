@@ -9,9 +9,11 @@ import pytest
 
 import specviz.bench.__main__ as cli
 from specviz.bench.e2e import parse_method
-from specviz.bench.profile import KINDS, PROFILE_COLUMNS, aggregate_profile, op_kind, profile_method, profile_methods
+from specviz.bench.profile import (KINDS, PROFILE_COLUMNS, aggregate_profile, op_kind, profile_method, profile_methods,
+                                   split_events)
 from specviz.decode.phases import PHASES, phase
 from specviz.draft.registry import build_drafter
+from specviz.models.loading import tiny_pair
 
 IDS = [5, 9, 13, 5, 9, 13, 5, 9, 13, 21, 34, 55]
 
@@ -25,8 +27,50 @@ def test_op_kinds():
     assert op_kind("aten::scaled_dot_product_attention") == "attention"
     assert op_kind("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention"
     assert op_kind("aten::add_") == "other_ops"
+    assert op_kind("specviz::w8a8_token_linear") == "int_products"
     with pytest.raises(ValueError, match="unknown phase 'drafting'"):
         phase("drafting")
+
+
+class _Event:
+    """What split_events reads of a profiler event."""
+
+    def __init__(self, name, self_us, parent=None):
+        self.name, self.self_cpu_time_total, self.cpu_parent = name, self_us, parent
+
+
+def test_split_events_programs_and_specviz_operators():
+    # a verification forward: the range, a TorchScript program's call, specviz's compiled
+    # product (a "specviz::" operator, not a phase) with an allocation under it, an
+    # attention call outside the program, and the LM head's product
+    rng = _Event("specviz::forward", 5.0)
+    program = _Event("forward", 3.0, rng)
+    product = _Event("specviz::w8a8_token_linear", 100.0, program)
+    alloc = _Event("aten::empty", 1.0, product)
+    norm = _Event("aten::mul", 2.0, program)
+    attn = _Event("aten::scaled_dot_product_attention", 7.0, rng)
+    head = _Event("aten::linear", 0.5, rng)
+    mm = _Event("aten::mm", 20.0, head)
+    outside = _Event("aten::argmax", 4.0)
+    times, calls = split_events([rng, program, product, alloc, norm, attn, head, mm, outside])
+    assert calls == {"forward": 1}
+    assert times == {("forward", "python"): 8.0, ("forward", "int_products"): 101.0,
+                     ("forward", "other_ops"): 2.0, ("forward", "attention"): 7.0,
+                     ("forward", "float_products"): 20.5, ("other", "other_ops"): 4.0}
+    assert sum(times.values()) == sum(e.self_cpu_time_total for e in [rng, program, product, alloc, norm, attn,
+                                                                      head, mm, outside])
+
+
+def test_integer_mode_profile_adds_up():
+    # w8a8-token's products (specviz's compiled operator where it was built, else fbgemm's)
+    # run inside the decoder layers' programs: every microsecond lands in a phase
+    pair = tiny_pair(dtype="w8a8-token")
+    spec = parse_method("chain-k2")
+    table = profile_method(spec, pair, IDS, max_new_tokens=10, drafter=build_drafter(spec, pair),
+                           verifier="greedy")
+    _check_sums(table)
+    assert set(table["phase"]) <= set(PHASES) | {"other"}
+    assert table.set_index("phase").loc["forward", "int_products"] > 0.0
 
 
 def _check_sums(table: pd.DataFrame) -> None:

@@ -13,7 +13,8 @@ profiled run's wall time two ways:
   quantized weight modes' kernels), float matrix products, attention, every other operator
   (norms, rotary embeddings, activation quantization, copies, argmax...), and ``python``:
   time inside the phase but in no operator, i.e. the interpreter running transformers'
-  module code, the drafters and the engine.
+  module code, the drafters and the engine (and TorchScript's, running the decoder layers'
+  programs).
 
 Every figure is in milliseconds per generated token, so runs of different lengths and
 methods compare directly. The profiler adds a few microseconds per operator; the table
@@ -47,7 +48,7 @@ PROFILE_COLUMNS: tuple[str, ...] = (
     "dtype", "threads",
 )
 
-_INT_PRODUCTS = ("quantized::", "_weight_int8pack_mm", "_weight_int4pack_mm", "_int_mm")
+_INT_PRODUCTS = ("quantized::", "_weight_int8pack_mm", "_weight_int4pack_mm", "_int_mm", "specviz::w8a8_token_linear")
 _FLOAT_PRODUCTS = ("aten::linear", "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul",
                    "aten::addmv", "aten::mv", "aten::dot")
 
@@ -63,6 +64,20 @@ def op_kind(name: str) -> str:
     return "other_ops"
 
 
+def _phase_name(name: str) -> str | None:
+    """The phase a profiler event named ``name`` opens, or None (an operator, including
+    specviz's own compiled ``specviz::`` operators, or any other range)."""
+    if name.startswith(PHASE_PREFIX) and name[len(PHASE_PREFIX):] in PHASES:
+        return name[len(PHASE_PREFIX):]
+    return None
+
+
+def _is_operator(name: str) -> bool:
+    """Whether a profiler event is an operator (``namespace::name``), not a TorchScript
+    program's method call (``forward``), whose own time is its interpreter's."""
+    return "::" in name
+
+
 def split_events(events) -> tuple[dict[tuple[str, str], float], dict[str, int]]:
     """Microseconds of a profile by (phase, kind), and the ranges opened per phase.
 
@@ -70,23 +85,26 @@ def split_events(events) -> tuple[dict[tuple[str, str], float], dict[str, int]]:
     innermost phase range around it (``other`` outside every range) and takes the kind of
     its outermost operator inside that range, so that ``aten::mm`` under ``aten::linear``
     counts as a float product and every operator under an attention call as attention.
-    Self times are summed, so nothing is counted twice; a range's own self time (in no
-    operator) is its ``python``.
+    A TorchScript program's call (the decoder layers' halves run as programs on a CPU) is
+    not an operator: the operators it runs take their own kinds, and its own time, its
+    interpreter's, counts as ``python`` like a range's own time (in no operator). Self
+    times are summed, so nothing is counted twice.
     """
     times: dict[tuple[str, str], float] = {}
     calls: dict[str, int] = {}
     for ev in events:
-        name = ev.name
-        if name.startswith(PHASE_PREFIX):
-            ph = name[len(PHASE_PREFIX):]
-            calls[ph] = calls.get(ph, 0) + 1
-            key = (ph, "python")
+        own = _phase_name(ev.name)
+        if own is not None:
+            calls[own] = calls.get(own, 0) + 1
+            key = (own, "python")
         else:
-            outer, parent = ev, ev.cpu_parent
-            while parent is not None and not parent.name.startswith(PHASE_PREFIX):
-                outer, parent = parent, parent.cpu_parent
-            ph = "other" if parent is None else parent.name[len(PHASE_PREFIX):]
-            key = (ph, op_kind(outer.name))
+            outer, parent = (ev if _is_operator(ev.name) else None), ev.cpu_parent
+            while parent is not None and _phase_name(parent.name) is None:
+                if _is_operator(parent.name):
+                    outer = parent
+                parent = parent.cpu_parent
+            ph = "other" if parent is None else _phase_name(parent.name)
+            key = (ph, "python" if outer is None else op_kind(outer.name))
         times[key] = times.get(key, 0.0) + float(ev.self_cpu_time_total)
     return times, calls
 
