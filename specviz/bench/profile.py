@@ -98,13 +98,12 @@ def split_events(events) -> tuple[dict[tuple[str, str], float], dict[str, int]]:
             calls[own] = calls.get(own, 0) + 1
             key = (own, "python")
         else:
-            outer, parent = (ev if _is_operator(ev.name) else None), ev.cpu_parent
-            while parent is not None and _phase_name(parent.name) is None:
+            outer, parent, ph = (ev if _is_operator(ev.name) else None), ev.cpu_parent, None
+            while parent is not None and (ph := _phase_name(parent.name)) is None:
                 if _is_operator(parent.name):
                     outer = parent
                 parent = parent.cpu_parent
-            ph = "other" if parent is None else _phase_name(parent.name)
-            key = (ph, "python" if outer is None else op_kind(outer.name))
+            key = (ph or "other", "python" if outer is None else op_kind(outer.name))
         times[key] = times.get(key, 0.0) + float(ev.self_cpu_time_total)
     return times, calls
 
