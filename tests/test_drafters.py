@@ -91,6 +91,34 @@ def test_accepted_draft_nodes_are_reused_and_the_rest_dropped(tiny_pair, context
     torch.testing.assert_close(_serve(request)[-1], _full_logits(model, other)[-1], atol=1e-5, rtol=1e-5)
 
 
+def test_short_catch_up_is_a_masked_forward_equal_to_the_causal_one(tiny_pair, context, monkeypatch):
+    """A chain whose every node was accepted leaves the last node and the bonus to feed:
+    that catch-up carries its causal mask, so it runs the decoder layer by layer like every
+    other draft forward, with the logits of a plain causal forward."""
+    import specviz.models.kvcache as kvcache
+
+    model = tiny_pair.draft.model
+    state = DraftModelState(model)
+    _serve(state.sync(context))
+    request, h = state.expand([10], [-1])
+    _serve(request)
+    request = state.sync(context + [10, 20, 30])  # 10 reused; 20 (never fed) and the bonus 30
+    assert request.tokens == [20, 30]
+    s = len(context) + 1
+    assert request.allowed is not None and request.allowed.shape == (2, s + 2)
+    assert request.allowed[:, :s].all() and request.allowed[0, s] and not request.allowed[0, s + 1]
+    direct = []
+    real = kvcache._direct_forward
+    monkeypatch.setattr(kvcache, "_direct_forward", lambda *a, **k: direct.append(1) or real(*a, **k))
+    logits = _serve(request)
+    assert direct, "the catch-up ran model(...) instead of the decoder loop"
+    full = _full_logits(model, context + [10, 20, 30])
+    assert logits.shape == (1, full.shape[-1])  # a sync wants only the root's logits
+    torch.testing.assert_close(logits, full[-1:], atol=1e-5, rtol=1e-5)
+    # a long feed (a new prompt) stays unmasked: the prefill
+    assert DraftModelState(model).sync(list(range(3, 3 + 40))).allowed is None
+
+
 def test_batched_requests_equal_one_at_a_time(tiny_pair, context):
     """Sequences with different cache lengths and request sizes share one forward."""
     model = tiny_pair.draft.model

@@ -155,6 +155,11 @@ class Drafter(ABC):
 
 # -- the draft model's KV cache for one sequence ------------------------------------------------
 
+#: the longest catch-up feed :meth:`DraftModelState.sync` sends with an explicit causal
+#: mask (longer ones, such as a prompt's prefill, run unmasked)
+SHORT_FEED = 16
+
+
 @dataclass
 class DraftForward:
     """One draft-model forward that one sequence needs: feed ``tokens`` after the slots of
@@ -167,12 +172,15 @@ class DraftForward:
         allowed: ``(n, S + n)`` bool, which of the S cached slots and the n new tokens
             each new token may attend to; None = every cached slot plus causal among the
             new tokens.
+        last_only: only the logits after the last token are wanted (a sync: the root's);
+            the forward then skips the LM head at the other tokens.
     """
 
     state: "DraftModelState"
     tokens: list[int]
     positions: list[int]
     allowed: torch.Tensor | None
+    last_only: bool = False
 
 
 class DraftModelState:
@@ -210,8 +218,8 @@ class DraftModelState:
         return len(self._fed_tokens)
 
     def sync(self, context: Sequence[int]) -> DraftForward:
-        """Sync with ``context``; the request's last logits row is the draft's distribution
-        after ``context[-1]`` (the root)."""
+        """Sync with ``context``; the request's logits are one row, ``(1, V)``: the draft's
+        distribution after ``context[-1]`` (the root)."""
         context = list(context)
         if not context:
             raise ValueError("context must hold at least one token")
@@ -233,7 +241,14 @@ class DraftModelState:
         self._fed_tokens, self._fed_parent, self._fed_depth = [], [], []
         self.forwards = 1
         self.tokens = context
-        return DraftForward(self, context[common:], list(range(common, len(context))), None)
+        feed = context[common:]
+        allowed = None
+        if common and 1 < len(feed) <= SHORT_FEED:
+            # a catch-up of a few tokens (the last drafted token and the bonus) with its
+            # causal mask spelled out: a masked forward runs the decoder layer by layer
+            # (see forward_tokens), an unmasked one of several tokens runs model(...)
+            allowed = torch.ones(len(feed), common + len(feed), dtype=torch.bool).tril(common)
+        return DraftForward(self, feed, list(range(common, len(context))), allowed, last_only=True)
 
     def _accepted_slots(self, extension: list[int]) -> list[int]:
         """Cache slots of fed draft nodes spelling a prefix of ``extension`` from the root."""
@@ -299,7 +314,8 @@ def run_draft_forwards(requests: Sequence[DraftForward]) -> list[torch.Tensor]:
     and each cache is written back with just its new entries appended.
 
     Returns:
-        One ``(n_i, V)`` float32 logits tensor per request, in order.
+        One ``(n_i, V)`` float32 logits tensor per request, in order (``(1, V)``, after the
+        last token, for a request whose ``last_only`` is set).
     """
     out: list[torch.Tensor | None] = [None] * len(requests)
     groups: dict[int, list[int]] = {}
@@ -311,7 +327,7 @@ def run_draft_forwards(requests: Sequence[DraftForward]) -> list[torch.Tensor]:
             r = requests[idx[0]]
             allowed = None if r.allowed is None else r.allowed[None]
             logits = forward_tokens(model, r.state.cache, torch.tensor([r.tokens]), torch.tensor([r.positions]),
-                                    allowed)  # (1, n, V)
+                                    allowed, logits_to_keep=1 if r.last_only else 0)  # (1, n or 1, V)
             out[idx[0]] = logits[0]
             continue
         rows = [requests[i] for i in idx]
@@ -336,7 +352,7 @@ def run_draft_forwards(requests: Sequence[DraftForward]) -> list[torch.Tensor]:
         logits = forward_tokens(model, batched, tokens, positions, allowed)  # (B, nmax, V)
         split_cache(batched, caches, lengths, smax, counts)
         for b, i in enumerate(idx):
-            out[i] = logits[b, :counts[b]]
+            out[i] = logits[b, counts[b] - 1:counts[b]] if rows[b].last_only else logits[b, :counts[b]]
     return out
 
 
