@@ -212,6 +212,50 @@ def test_compiled_w8a8_token_operator_equals_the_pytorch_code(k, n, bias, residu
     assert torch.equal(layer(x[:0]), reference[:0])  # no rows at all
 
 
+@pytest.mark.parametrize("k, n, bias, residual", [(256, 64, True, True), (1001, 200, False, True),
+                                                  (96, 40, True, False), (3, 1, False, True)])
+def test_vnni_kernel_equals_fbgemm_bit_for_bit(k, n, bias, residual):
+    """On CPUs with AVX-512 VNNI, short forwards take their integer products from the
+    compiled operator's own kernel: the same values as fbgemm's, for every row count it
+    takes (odd ones included, K and N not multiples of its blocks), and fbgemm beyond."""
+    from specviz.models.extension import vnni_kernel
+    from specviz.models.weights import vnni_layout
+
+    _compiled_op_or_skip()
+    if not vnni_kernel():
+        pytest.skip("this CPU has no AVX-512 VNNI (or SPECVIZ_NO_VNNI is set): fbgemm computes every product")
+    gen = torch.Generator().manual_seed(k * n)
+    linear = nn.Linear(k, n, bias=bias)
+    with torch.no_grad():
+        linear.weight.mul_(torch.rand(n, 1, generator=gen) * 4)  # rows of different ranges
+    x = torch.randn(20, k, generator=gen)
+    x[:, 0] *= 40.0
+    layer = W8A8TokenLinear.from_linear(linear, x.abs().amax(0), residual=residual)
+    weight, offsets, scales = layer._vnni
+    assert weight.shape == (-(-n // 64), -(-k // 4), 64, 4)
+    assert torch.equal(weight.permute(0, 2, 1, 3).reshape(-1, weight.shape[1] * 4)[:n, :k], layer.qweight)
+    assert torch.equal(offsets, layer.qweight.int().sum(1) * 128)
+    op = torch.ops.specviz.w8a8_token_linear
+    for rows in (1, 2, 3, 5, 7, 8, 9, 20):
+        fbgemm = op(x[:rows], layer.inv_smooth, layer._packed, layer.bias, residual)
+        vnni = op(x[:rows], layer.inv_smooth, layer._packed, layer.bias, residual, *vnni_layout(
+            layer.qweight, layer.scales), 64)
+        assert torch.equal(vnni, fbgemm), rows
+        assert torch.equal(layer(x[:rows]), fbgemm)  # the layer's own path, whichever it takes
+    assert torch.equal(layer(x), layer.forward_pytorch(x))
+
+
+def test_no_vnni_env_keeps_fbgemm(monkeypatch):
+    from specviz.models.extension import vnni_kernel
+
+    monkeypatch.setenv("SPECVIZ_NO_VNNI", "1")
+    assert not vnni_kernel()
+    layer = W8A8TokenLinear.from_linear(nn.Linear(64, 8))
+    assert layer._vnni is None
+    monkeypatch.delenv("SPECVIZ_NO_VNNI")
+    assert (W8A8TokenLinear.from_linear(nn.Linear(64, 8))._vnni is not None) == vnni_kernel()
+
+
 def test_w8a8_token_layers_run_pytorch_code_when_asked(monkeypatch):
     from specviz.models.extension import fused_op_status, w8a8_token_op
 

@@ -403,9 +403,10 @@ def _run(args: argparse.Namespace, specs: list[MethodSpec]) -> int:
           f"torch threads {threads}, load average {os.getloadavg()[0]:.2f}")
     print(f"rows: {out} ({len(existing)} already there, {sum(len(t) for *_, t in rounds)} to run)")
     if dtype == "w8a8-token":
-        from specviz.models.extension import fused_op_status
+        from specviz.models.extension import fused_op_status, vnni_kernel
 
-        print(f"w8a8-token layers: {fused_op_status()}")
+        vnni = " (with its AVX-512 VNNI kernel for short forwards)" if vnni_kernel() else ""
+        print(f"w8a8-token layers: {fused_op_status()}{vnni}")
     if rounds:
         _measure(args, specs, prompts, rounds, existing, out, run)
     rows = load_results(out) if out.exists() else existing

@@ -7,6 +7,16 @@ as in the integer products themselves (113 layers x some 25 operators). The C++ 
 ``csrc/w8a8_token.cpp`` does that arithmetic in a few passes over each row around the
 same fbgemm product and registers it as ``torch.ops.specviz.w8a8_token_linear``.
 
+On CPUs with AVX-512 VNNI, forwards of at most
+:attr:`~specviz.models.weights.W8A8TokenLinear.vnni_max_rows` fed rows (decoding and the
+verification of a draft) take their integer products from the operator's own kernel
+instead of fbgemm's: each block of 64 output channels streams from memory once and
+``vpdpbusd`` multiplies it by every row, so a verification of a few tokens costs little
+more than one decoding step. Its products are the same exact integers, rescaled with the
+same single rounding, so both kernels give bit-identical outputs (:func:`vnni_kernel` says
+whether it runs; ``SPECVIZ_NO_VNNI=1`` keeps fbgemm). The layer keeps its weights in both
+layouts (fbgemm's for prefills), twice the int8 bytes in memory.
+
 It is compiled on first use with PyTorch's ``cpp_extension`` (a C++ compiler and the
 Python headers are needed; about half a minute on 2 cores) into PyTorch's extension directory
 (``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``), under a name that
@@ -27,13 +37,21 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["w8a8_token_op", "fused_op_status", "EXTENSION_SOURCE"]
+__all__ = ["w8a8_token_op", "fused_op_status", "vnni_kernel", "EXTENSION_SOURCE", "NO_VNNI_ENV"]
+
+#: ``SPECVIZ_NO_VNNI=1`` keeps fbgemm's product for every forward, even where the VNNI
+#: kernel could run
+NO_VNNI_ENV = "SPECVIZ_NO_VNNI"
 
 #: the C++ source of the operator
 EXTENSION_SOURCE = Path(__file__).resolve().parent / "csrc" / "w8a8_token.cpp"
-# AVX2 + FMA are what fbgemm's x86 kernels need anyway; contraction off keeps a multiply
-# followed by an add two roundings, as in the PyTorch code.
-_CFLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fno-math-errno")
+# AVX2 + FMA are what fbgemm's x86 kernels need anyway (the VNNI kernel asks for AVX-512 on
+# its own functions and runs only where the CPU has it); contraction off keeps a multiply
+# followed by an add two roundings, as in the PyTorch code. OpenMP makes at::parallel_for
+# share the work among PyTorch's threads (without it the loops run on one thread); the
+# runtime is the libgomp.so.1 that PyTorch has already loaded.
+_CFLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fno-math-errno", "-fopenmp")
+_LDFLAGS = ("-fopenmp",)
 
 _lock = threading.Lock()
 _state: dict = {"tried": False, "op": None, "why": "not built yet"}
@@ -57,7 +75,7 @@ def _build_name() -> str:
     digest = hashlib.sha256()
     digest.update(EXTENSION_SOURCE.read_bytes())
     digest.update(torch.__version__.encode())
-    digest.update(" ".join(_CFLAGS).encode())
+    digest.update(" ".join(_CFLAGS + _LDFLAGS).encode())
     return f"specviz_w8a8_token_{digest.hexdigest()[:12]}"
 
 
@@ -91,6 +109,7 @@ def w8a8_token_op():
                 name = _build_name()
                 _remove_stale_lock(Path(_get_build_directory(name, False)))
                 load(name=name, sources=[str(EXTENSION_SOURCE)], extra_cflags=list(_CFLAGS),
+                     extra_ldflags=list(_LDFLAGS),
                      is_python_module=False, verbose=False)
                 _state["op"] = torch.ops.specviz.w8a8_token_linear
                 why = "compiled operator"
@@ -110,3 +129,13 @@ def fused_op_status() -> str:
         return "PyTorch code (SPECVIZ_NO_EXTENSION is set)"
     w8a8_token_op()
     return _state["why"] if _state["op"] is not None else f"PyTorch code: {_state['why']}"
+
+
+def vnni_kernel() -> bool:
+    """Whether ``w8a8-token`` layers built now take short forwards' integer products from the
+    compiled operator's own AVX-512 VNNI kernel: the operator is built, the CPU has AVX-512
+    VNNI and ``SPECVIZ_NO_VNNI`` is not set. Elsewhere fbgemm computes them (the same values,
+    bit for bit)."""
+    if os.environ.get(NO_VNNI_ENV, "").strip().lower() in ("1", "true", "yes"):
+        return False
+    return w8a8_token_op() is not None and bool(torch.ops.specviz.vnni_available())

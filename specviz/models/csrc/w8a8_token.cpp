@@ -11,6 +11,15 @@
 // Rows are processed independently, in any order and on any thread, with the same
 // instructions for every row: a token's output does not depend on the other rows of its
 // forward, which is what keeps speculative verification on plain decoding's path.
+//
+// On CPUs with AVX-512 VNNI, forwards of a few rows (decoding and verification) can take
+// the integer product from a kernel of its own instead of fbgemm's (the layer passes its
+// weight in the kernel's layout, see vnni_product): it reads each block of weights once
+// from memory and multiplies it by every row while the block sits in the cache. On a
+// 2-core Xeon it made the 1.5B target's forwards of 1-5 tokens about 3% faster than
+// fbgemm's product, and forwards of 8 tokens (16 rows) no faster.
+// Both products are exact integers, rescaled with the same single float rounding, so the
+// two paths give bit-identical outputs.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/native/quantized/PackedParams.h>
@@ -19,6 +28,8 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <cmath>
 #include <vector>
 
@@ -41,9 +52,97 @@ float absmax(const float* p, int64_t k) {
   return m;
 }
 
+// -- the VNNI product --------------------------------------------------------------------------
+//
+// Weight layout ("vnni"): int8 (NG, KG, 64, 4), NG = ceil(N / 64) groups of 64 output
+// channels, KG = ceil(K / 4) groups of 4 inputs; channel group c, input group g holds
+// w[64c + j, 4g + i] at [c, g, j, i] (zero where n >= N or k >= K). A group's weights are
+// one contiguous stream of 256-byte lines, each four 64-byte vectors that vpdpbusd
+// multiplies by four unsigned activation bytes broadcast to every lane.
+// Activations: uint8 codes + 128 (fbgemm's zero point for the range [-127.5, 127.5]),
+// so  sum_k (c_k + 128) w_k - 128 * sum_k w_k = sum_k c_k w_k  exactly; offsets[n] holds
+// 128 * sum_k w[n, k]. Output: float(that integer) * scale[n], fbgemm's rounding.
+
+constexpr int64_t kPrefetchAhead = 8192;  // bytes of a group's stream requested ahead (never faults)
+constexpr int kVnniRows = 6;  // rows per pass over a channel group (24 accumulators of 32 registers)
+
+bool cpu_has_vnni() {
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vnni");
+  return has;
+}
+
+// R rows times one channel group (64 channels): y[r, n0 + j] for j < 64, n0 + j < n.
+template <int R>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_tile(
+    const uint8_t* a, int64_t lda, const int8_t* w, int64_t kg, const int32_t* offsets, const float* scales,
+    float* y, int64_t ldy, int64_t n0, int64_t n) {
+  __m512i acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < 4; ++b) acc[r][b] = _mm512_setzero_si512();
+  for (int64_t g = 0; g < kg; ++g) {
+    const int8_t* line = w + g * 256;
+    for (int b = 0; b < 4; ++b) _mm_prefetch(reinterpret_cast<const char*>(line + kPrefetchAhead + 64 * b), _MM_HINT_T0);
+    __m512i wv[4];
+    for (int b = 0; b < 4; ++b) wv[b] = _mm512_loadu_si512(line + b * 64);
+    for (int r = 0; r < R; ++r) {
+      int32_t quad;
+      std::memcpy(&quad, a + r * lda + 4 * g, 4);
+      const __m512i av = _mm512_set1_epi32(quad);
+      for (int b = 0; b < 4; ++b) acc[r][b] = _mm512_dpbusd_epi32(acc[r][b], av, wv[b]);
+    }
+  }
+  for (int b = 0; b < 4; ++b) {
+    const int64_t c0 = n0 + 16 * b;
+    if (c0 >= n) break;
+    const __mmask16 live = c0 + 16 <= n ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - c0)) - 1u);
+    const __m512i off = _mm512_maskz_loadu_epi32(live, offsets + c0);
+    const __m512 sc = _mm512_maskz_loadu_ps(live, scales + c0);
+    for (int r = 0; r < R; ++r) {
+      const __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][b], off));
+      _mm512_mask_storeu_ps(y + r * ldy + c0, live, _mm512_mul_ps(v, sc));
+    }
+  }
+}
+
+using TileFn = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, const int32_t*, const float*, float*,
+                        int64_t, int64_t, int64_t);
+constexpr TileFn kTiles[kVnniRows] = {vnni_tile<1>, vnni_tile<2>, vnni_tile<3>,
+                                      vnni_tile<4>, vnni_tile<5>, vnni_tile<6>};
+
+// y (rows, N) = the exact integer products of codes (rows, K4) uint8 with the weight,
+// times scales: fbgemm's apply_dynamic for the same codes, without its range columns.
+at::Tensor vnni_product(const at::Tensor& codes, const at::Tensor& weight, const at::Tensor& offsets,
+                        const at::Tensor& scales) {
+  const int64_t rows = codes.size(0), k4 = codes.size(1);
+  const int64_t ng = weight.size(0), kg = weight.size(1), n = scales.size(0);
+  TORCH_CHECK(kg * 4 == k4 && ng * 64 >= n && offsets.size(0) == n, "vnni weight does not match the codes");
+  at::Tensor y = at::empty({rows, n}, scales.options());
+  const uint8_t* a = codes.data_ptr<uint8_t>();
+  const int8_t* w = weight.data_ptr<int8_t>();
+  const int32_t* off = offsets.data_ptr<int32_t>();
+  const float* sc = scales.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  // Each channel group's weights stream from memory once; its later row chunks find them
+  // in the cache (a group of the 1.5B target holds at most 64 x 8960 bytes).
+  at::parallel_for(0, ng, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      for (int64_t r0 = 0; r0 < rows; r0 += kVnniRows) {
+        const int64_t r = std::min<int64_t>(kVnniRows, rows - r0);
+        kTiles[r - 1](a + r0 * k4, k4, w + c * kg * 256, kg, off, sc, yp + r0 * n, n, 64 * c, n);
+      }
+    }
+  });
+  return y;
+}
+
+bool vnni_available() { return cpu_has_vnni(); }
+
 at::Tensor w8a8_token_linear(const at::Tensor& x, const at::Tensor& inv_smooth,
                              const c10::intrusive_ptr<LinearPackedParamsBase>& packed,
-                             const std::optional<at::Tensor>& bias, bool residual) {
+                             const std::optional<at::Tensor>& bias, bool residual,
+                             const std::optional<at::Tensor>& vnni_weight, const std::optional<at::Tensor>& vnni_offsets,
+                             const std::optional<at::Tensor>& vnni_scales, int64_t vnni_max_rows) {
   TORCH_CHECK(x.device().is_cpu() && inv_smooth.device().is_cpu(), "w8a8_token_linear runs on the CPU");
   TORCH_CHECK(inv_smooth.dim() == 1 && inv_smooth.scalar_type() == at::kFloat && inv_smooth.is_contiguous(),
               "inv_smooth must be a contiguous float32 vector");
@@ -88,7 +187,29 @@ at::Tensor w8a8_token_linear(const at::Tensor& x, const at::Tensor& inv_smooth,
       }
     }
   });
-  at::Tensor y = packed->apply_dynamic(fed, /*reduce_range=*/false);  // (P*M, N) exact products x w_scale
+  at::Tensor y;
+  if (vnni_weight.has_value() && vnni_weight->defined() && passes * m <= vnni_max_rows && cpu_has_vnni()) {
+    TORCH_CHECK(vnni_offsets.has_value() && vnni_scales.has_value(), "vnni weight without offsets or scales");
+    const at::Tensor& vw = *vnni_weight;
+    TORCH_CHECK(vw.dim() == 4 && vw.scalar_type() == at::kChar && vw.is_contiguous() && vw.size(2) == 64 &&
+                    vw.size(3) == 4 && vw.size(1) * 4 >= k,
+                "vnni weight must be a contiguous int8 (NG, KG, 64, 4) tensor covering ", k, " inputs");
+    TORCH_CHECK(vnni_offsets->scalar_type() == at::kInt && vnni_offsets->is_contiguous() &&
+                    vnni_scales->scalar_type() == at::kFloat && vnni_scales->is_contiguous(),
+                "vnni offsets must be contiguous int32, scales contiguous float32");
+    const int64_t k4 = vw.size(1) * 4;
+    at::Tensor codes = at::empty({passes * m, k4}, x2.options().dtype(at::kByte));  // (P*M, K4) codes + 128
+    uint8_t* cp = codes.data_ptr<uint8_t>();
+    for (int64_t r = 0; r < passes * m; ++r) {
+      const float* src = f + r * width;
+      uint8_t* dst = cp + r * k4;
+      for (int64_t i = 0; i < k; ++i) dst[i] = static_cast<uint8_t>(static_cast<int32_t>(src[i]) + 128);
+      for (int64_t i = k; i < k4; ++i) dst[i] = 128;  // code 0 against zero weights
+    }
+    y = vnni_product(codes, vw, *vnni_offsets, *vnni_scales);  // (P*M, N), the same values as fbgemm's
+  } else {
+    y = packed->apply_dynamic(fed, /*reduce_range=*/false);  // (P*M, N) exact products x w_scale
+  }
   TORCH_CHECK(y.scalar_type() == at::kFloat && y.dim() == 2 && y.size(0) == passes * m, "unexpected product shape");
   y = y.contiguous();
   const int64_t n = y.size(1);
@@ -133,7 +254,9 @@ at::Tensor w8a8_token_linear(const at::Tensor& x, const at::Tensor& inv_smooth,
 
 TORCH_LIBRARY(specviz, m) {
   m.def("w8a8_token_linear(Tensor x, Tensor inv_smooth, "
-        "__torch__.torch.classes.quantized.LinearPackedParamsBase packed, Tensor? bias, bool residual) -> Tensor");
+        "__torch__.torch.classes.quantized.LinearPackedParamsBase packed, Tensor? bias, bool residual, "
+        "Tensor? vnni_weight=None, Tensor? vnni_offsets=None, Tensor? vnni_scales=None, int vnni_max_rows=0) -> Tensor");
+  m.def("vnni_available() -> bool", TORCH_FN(vnni_available));
 }
 
 TORCH_LIBRARY_IMPL(specviz, CPU, m) {
