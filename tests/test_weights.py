@@ -236,10 +236,10 @@ def test_vnni_kernel_equals_fbgemm_bit_for_bit(k, n, bias, residual):
     assert torch.equal(weight.permute(0, 2, 1, 3).reshape(-1, weight.shape[1] * 4)[:n, :k], layer.qweight)
     assert torch.equal(offsets, layer.qweight.int().sum(1) * 128)
     op = torch.ops.specviz.w8a8_token_linear
+    layout = vnni_layout(layer.qweight, layer.scales)
     for rows in (1, 2, 3, 5, 7, 8, 9, 20):
         fbgemm = op(x[:rows], layer.inv_smooth, layer._packed, layer.bias, residual)
-        vnni = op(x[:rows], layer.inv_smooth, layer._packed, layer.bias, residual, *vnni_layout(
-            layer.qweight, layer.scales), 64)
+        vnni = op(x[:rows], layer.inv_smooth, layer._packed, layer.bias, residual, *layout, 64)
         assert torch.equal(vnni, fbgemm), rows
         assert torch.equal(layer(x[:rows]), fbgemm)  # the layer's own path, whichever it takes
     assert torch.equal(layer(x), layer.forward_pytorch(x))
