@@ -107,6 +107,52 @@ def test_progress_can_be_silenced_and_prepare_loads_nothing(fake_model, tmp_path
         set_progress("no")
 
 
+def test_a_converted_mode_is_cached_once_per_machine_and_restored_bit_for_bit(fake_model, tmp_path, capsys,
+                                                                              monkeypatch):
+    import torch
+
+    spec, _ = fake_model
+    cache = tmp_path / "cache"
+    converts = []
+    real = models._convert
+
+    def convert(model, mode, tokenizer):
+        if mode.convert is not None:  # tiny_model casts through it too
+            converts.append(mode.name)
+        return real(model, mode, tokenizer)
+
+    monkeypatch.setattr(models, "_convert", convert)
+    first = load_model(spec.name, "w8a8-token", cache=cache)
+    lines = _progress_lines(capsys.readouterr().err)
+    assert converts == ["w8a8-token"]
+    assert any("first use in w8a8-token on this machine: converting" in line for line in lines), lines
+    entry = cache / "models" / f"{spec.name}-w8a8-token"
+    assert (entry / "layers.safetensors").exists() and not list(entry.parent.glob(".tmp-*"))
+
+    second = load_model(spec.name, "w8a8-token", cache=cache)  # from the cached layers: silent, no conversion
+    assert _progress_lines(capsys.readouterr().err) == [] and converts == ["w8a8-token"]
+    ids = torch.randint(0, 200, (1, 10), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(first.model(ids).logits, second.model(ids).logits)
+
+    meta = json.loads((entry / "layers.json").read_text())
+    meta["key"]["code_sha256"] = "0" * 64  # made by other conversion code: converted again, replaced
+    (entry / "layers.json").write_text(json.dumps(meta))
+    load_model(spec.name, "w8a8-token", cache=cache)
+    assert converts == ["w8a8-token"] * 2
+    assert json.loads((entry / "layers.json").read_text())["key"]["code_sha256"] != "0" * 64
+    capsys.readouterr()
+
+    (entry / "layers.safetensors").write_bytes(b"damaged")  # a damaged entry is said and replaced
+    third = load_model(spec.name, "w8a8-token", cache=cache)
+    assert converts == ["w8a8-token"] * 3
+    assert any("cannot be used" in line for line in _progress_lines(capsys.readouterr().err))
+    with torch.no_grad():
+        assert torch.equal(first.model(ids).logits, third.model(ids).logits)
+    load_model(spec.name, "int4", cache=cache)  # a mode whose layers are not cached converts every time
+    assert converts[-1] == "int4" and not (cache / "models" / f"{spec.name}-int4").exists()
+
+
 # -- the study prepares before the first notebook ---------------------------------------------
 
 def _plans(preset: Preset, out: Path) -> list:

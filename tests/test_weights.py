@@ -26,6 +26,7 @@ from specviz.draft.model import ChainDrafter
 from specviz.models.kvcache import forward_tokens, new_cache
 from specviz.models.loading import load_model, load_pair, tiny_model, tiny_pair
 from specviz.models.weights import (
+    CACHEABLE_MODES,
     WEIGHT_MODES,
     Int4Linear,
     Int8Linear,
@@ -34,9 +35,12 @@ from specviz.models.weights import (
     SharedInputSlice,
     W8A8TokenLinear,
     WxLinear,
+    converted_layers,
     input_absmax,
     parse_weight_mode,
     quantize_model,
+    restore_converted,
+    vnni_layout,
 )
 from specviz.study.prompts import Prompt
 
@@ -321,6 +325,73 @@ def test_w8a8_token_models_fuse_qkv_and_gate_up():
         assert torch.equal(model(ids).logits, twin(ids).logits)
     with pytest.raises(ValueError, match="already holds W8A8TokenLinear layers"):
         quantize_model(model, "int8")
+
+
+@pytest.mark.parametrize("mode", CACHEABLE_MODES)
+def test_saved_layers_rebuild_the_converted_model_bit_for_bit(mode):
+    import json
+
+    from specviz.models.loading import calibration_ids
+
+    source = tiny_model(seed=5)
+    calib = calibration_ids(source.tokenizer) if WEIGHT_MODES[mode].calibrated else None
+    converted = quantize_model(copy.deepcopy(source.model), mode, calib)
+    layers, tensors = converted_layers(converted)
+    layers = json.loads(json.dumps(layers))  # what a cache file holds
+    restored = restore_converted(copy.deepcopy(source.model), mode, layers,
+                                 {k: v.clone() for k, v in tensors.items()})
+    assert [(n, type(m).__name__) for n, m in restored.named_modules()] == \
+        [(n, type(m).__name__) for n, m in converted.named_modules()]
+    a, b = converted.state_dict(), restored.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert {p.dtype for p in restored.parameters()} == {WEIGHT_MODES[mode].activation_dtype}
+    ids = torch.randint(0, 200, (1, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert torch.equal(converted(ids).logits, restored(ids).logits)
+    if mode == "w8a8-token":  # the groups' members share the rebuilt group
+        attn = restored.model.layers[0].self_attn
+        assert attn.q_proj.group is attn.v_proj.group and isinstance(attn.q_proj, SharedInputSlice)
+    # what cannot be restored leaves the model untouched
+    fresh = copy.deepcopy(source.model)
+    with pytest.raises(ValueError, match="do not match the model's linear layers"):
+        restore_converted(fresh, mode, layers[1:], tensors)
+    with pytest.raises(ValueError, match="lack"):
+        restore_converted(fresh, mode, layers, {k: v for k, v in tensors.items() if "layers.0." not in k})
+    assert not any(isinstance(m, (Int8Linear, W8A8Linear, SharedInputGroup)) for m in fresh.modules())
+    with pytest.raises(ValueError, match="already holds"):
+        restore_converted(restored, mode, layers, tensors)
+    with pytest.raises(ValueError, match="cannot be restored"):
+        restore_converted(fresh, "int4", layers, tensors)
+    with pytest.raises(ValueError, match="cannot be saved"):
+        converted_layers(quantize_model(copy.deepcopy(source.model), "int4"))
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_parameter_count_is_the_float_models_in_every_mode(tied):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from specviz.models.loading import LoadedModel, tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied)
+    torch.manual_seed(0)
+    source = LoadedModel("tied" if tied else "untied", Qwen2ForCausalLM(config).eval(), tok, torch.float32)
+    expected = sum(p.numel() for p in source.model.parameters())  # a tied head counted once
+    assert source.parameter_count == expected
+    for mode in WEIGHT_MODES:
+        assert load_model(source, mode).parameter_count == expected, mode
+
+
+def test_vnni_layout_of_odd_shapes():
+    q = torch.randint(-63, 64, (70, 10), dtype=torch.int8, generator=torch.Generator().manual_seed(0))
+    weight, offsets, scales = vnni_layout(q, torch.rand(70).bfloat16())
+    assert weight.shape == (2, 3, 64, 4) and weight.dtype == torch.int8
+    padded = torch.zeros(128, 12, dtype=torch.int8)
+    padded[:70, :10] = q
+    for c, g, j, i in [(0, 0, 0, 0), (1, 2, 5, 1), (0, 2, 63, 3), (1, 1, 6, 2)]:
+        assert weight[c, g, j, i] == padded[64 * c + j, 4 * g + i]
+    assert torch.equal(offsets, q.long().sum(1).int() * 128) and scales.dtype == torch.float32
 
 
 def test_speculative_w8a8_token_commits_what_plain_w8a8_token_decoding_does():

@@ -19,7 +19,10 @@ Preparing a built-in model the first time takes minutes on a small CPU; each sta
 (assembling and hashing the GGUF file, dequantizing, saving the cache entry) reports
 what it does and how far it is on stderr (:func:`set_progress` silences it), and a
 cached load says nothing. :func:`prepare_builtin` builds the cache entries without
-loading the model.
+loading the model. A built-in model loaded in a converted weight mode (``int8``, ``w8a8``,
+``w8a8-token``) keeps its converted layers in the cache too, so that only its first load
+in that mode on a machine calibrates and quantizes (minutes for the 1.5B on a small CPU);
+later loads read the layers and pack them for their kernels.
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ import torch
 
 from specviz.models.auto import is_auto, resolve_auto
 from specviz.models.device import model_device, resolve_device
-from specviz.models.weights import WEIGHT_MODES, WeightMode, parse_weight_mode, quantize_model, weight_mode_of
+from specviz.models.weights import (CACHEABLE_MODES, WEIGHT_MODES, WeightMode, converted_layers, parse_weight_mode,
+                                    quantize_model, restore_converted, weight_mode_of)
 
 __all__ = [
     "BuiltinModel",
@@ -217,6 +221,22 @@ class LoadedModel:
     @property
     def vocab_size(self) -> int:
         return int(self.model.config.vocab_size)
+
+    @property
+    def parameter_count(self) -> int:
+        """The model's parameters as its float form counts them, in every weight mode: an
+        integer layer (whose weights are buffers, not parameters) counts its weight matrix and
+        bias, and an LM head tied to the embeddings counts once even where a mode gave it a
+        converted copy."""
+        from specviz.models.weights import Int4Linear, Int8Linear, W8A8Linear
+
+        count = sum(p.numel() for p in self.model.parameters())
+        tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
+        for name, module in self.model.named_modules():
+            if isinstance(module, (Int8Linear, Int4Linear, W8A8Linear)) and not (tied and name == "lm_head"):
+                bias = module._buffers.get("bias")
+                count += module.in_features * module.out_features + (0 if bias is None else bias.numel())
+        return count
 
     @property
     def device(self) -> torch.device:
@@ -638,9 +658,74 @@ def load_model(name_or_path: "str | os.PathLike | LoadedModel", dtype: WeightMod
             f"not a local directory, and not loadable as a Hub id ({exc})"
         ) from exc
     if mode.convert is not None:
-        _convert(model, mode, tokenizer)
+        if name.lower() in BUILTIN_MODELS and mode.name in CACHEABLE_MODES:
+            _convert_builtin_cached(BUILTIN_MODELS[name.lower()], model, mode, tokenizer, cache_dir(cache))
+        else:
+            _convert(model, mode, tokenizer)
     model.eval().to(dev)
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, dtype=dtype, weight_mode=mode.name)
+
+
+def _converted_key(spec: BuiltinModel, mode: WeightMode, tokenizer) -> dict:
+    """What a cached conversion depends on: the source weights, the mode, the calibration
+    text, the conversion code, torch and the machine (its fp32 calibration forward)"""
+    from specviz.models import weights
+    from specviz.models.auto import machine_key
+
+    key = {"name": spec.name, "source_sha256": spec.sha256, "mode": mode.name,
+           "code_sha256": hashlib.sha256(Path(weights.__file__).read_bytes()).hexdigest(),
+           "torch": torch.__version__, "machine": machine_key()}
+    if mode.calibrated:
+        key["calibration_sha256"] = hashlib.sha256(calibration_ids(tokenizer).numpy().tobytes()).hexdigest()
+    return key
+
+
+def _restore_cached(entry: Path, key: dict, model, mode: WeightMode) -> bool:
+    """Convert ``model`` from the cached layers in ``entry`` if they were made under ``key``."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        meta = json.loads((entry / "layers.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if meta.get("key") != key:
+        return False
+    try:
+        restore_converted(model, mode, meta["layers"], load_file(str(entry / "layers.safetensors")))
+    except (OSError, ValueError, KeyError, SafetensorError) as exc:  # a damaged entry: convert again, replace it
+        _say(f"{key['name']}: the cached {mode.name} layers in {entry} cannot be used ({exc}); converting again")
+        return False
+    return True
+
+
+def _convert_builtin_cached(spec: BuiltinModel, model, mode: WeightMode, tokenizer, root: Path) -> None:
+    """Convert built-in ``model`` (fp32) to ``mode`` in place, from the cached layers when a
+    conversion on this machine left them, else converting and caching them."""
+    from safetensors.torch import save_file
+
+    entry = root / "models" / f"{spec.name}-{mode.name}"
+    key = _converted_key(spec, mode, tokenizer)
+    if _restore_cached(entry, key, model, mode):
+        return
+    with _cache_lock(root):
+        if _restore_cached(entry, key, model, mode):  # another process cached it while this one waited
+            return
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_temp(entry.parent)
+        with _stage(spec.name, f"first use in {mode.name} on this machine: converting the fp32 weights and "
+                    f"caching the converted layers in {entry}", f"{mode.name} layers ready"):
+            _convert(model, mode, tokenizer)
+            layers, tensors = converted_layers(model)
+            work = Path(tempfile.mkdtemp(prefix=".tmp-", dir=entry.parent))
+            try:
+                save_file(tensors, str(work / "layers.safetensors"))
+                (work / "layers.json").write_text(json.dumps({"key": key, "layers": layers}))
+                if entry.exists():
+                    shutil.rmtree(entry)
+                os.replace(work, entry)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
 
 
 #: tokenizer pairs found equal, with their sizes and special ids then (a change since is checked again)
