@@ -38,6 +38,7 @@ G = K / group_size groups per output channel, Np = N rounded up to a multiple of
 from __future__ import annotations
 
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -875,17 +876,21 @@ def restore_converted(model: nn.Module, mode: WeightMode | str, manifest: Sequen
     linears = {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
     built: dict[str, nn.Module] = {}
     slices: dict[str, nn.Module] = {}
+    vnni_kernel()  # built or loaded once here, not by the workers below
+    # Packing for fbgemm is single-threaded per layer, so the layers are packed side by side.
+    with ThreadPoolExecutor(max_workers=max(1, torch.get_num_threads())) as pool:
+        layers = {entry["name"]: pool.submit(_rebuild, entry.get("layer", entry), tensors) for entry in manifest}
     try:
         for entry in manifest:
             if entry["class"] == "SharedInputGroup":
-                group = SharedInputGroup(_rebuild(entry["layer"], tensors), tuple(entry["members"]),
+                group = SharedInputGroup(layers[entry["name"]].result(), tuple(entry["members"]),
                                          tuple(entry["sizes"]))
                 built[entry["name"]] = group
                 parent = entry["name"].rpartition(".")[0]
                 for member in entry["members"]:
                     slices[_child(parent, member)] = SharedInputSlice(group, member)
             else:
-                built[entry["name"]] = _rebuild(entry, tensors)
+                built[entry["name"]] = layers[entry["name"]].result()
     except KeyError as exc:
         raise ValueError(f"saved layers lack {exc}") from exc
     replaced = {**{n: m for n, m in built.items() if not isinstance(m, SharedInputGroup)}, **slices}

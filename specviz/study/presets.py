@@ -92,19 +92,20 @@ _QUICK_RUNS = (
     NotebookRun(_QUICKSTART),
     NotebookRun(_TREES),
     NotebookRun(_ACCEPTANCE, {"prompt_limit": 7, "max_new_tokens": 32, "budgets": [4, 8, 16, 32, 64],
-                              "cross_check": False, "sampled_stride": 16}),
+                              "cross_check": False, "sampled_stride": 16, "threads": 0}),
     NotebookRun(_RULES, {"trials": 2000, "expected_trees": 100, "prompt_limit": 2, "real_max_new_tokens": 32,
                          "real_stride": 16}),
     NotebookRun(_TIMING, {"batch_sizes": [1, 2, 4], "prefix_lens": [128, 512, 1024],
                           "budgets": [4, 8, 16, 32, 64], "warmup": 2, "repeats": 5}),
     NotebookRun(_SPEED, {"prompt_limit": 2, "max_new_tokens": 32,
                          "methods": ["chain-k4", "dynamic-k4-d5-n16", "ngram"],
-                         "sequoia_budgets": [8], "cost_sizes": [1, 2, 4, 8, 16, 64], "profile_tokens": 16}),
+                         "sequoia_budgets": [8], "cost_sizes": [1, 2, 4, 8, 16, 64], "profile_tokens": 8,
+                         "threads": 0}),
     NotebookRun(_REPORT),
-    NotebookRun(_LOOKAHEAD, {"prompt_limit": 3, "max_new_tokens": 32, "sweep_windows": [5], "sweep_ngrams": [4],
+    NotebookRun(_LOOKAHEAD, {"prompt_limit": 2, "max_new_tokens": 32, "sweep_windows": [5], "sweep_ngrams": [4],
                              "sweep_guesses": [5], "others": ["ngram"], "cost_sizes": [1, 2, 4, 8, 16, 32]}),
     NotebookRun(_HEADS, {"prompt_limit": 2, "max_new_tokens": 32, "train_prompts": 2, "train_tasks": 8,
-                         "train_tokens": 48, "train_steps": 0, "train_minutes": 1.0, "budgets": [4, 16],
+                         "train_tokens": 48, "train_steps": 0, "train_minutes": 0.5, "budgets": [4, 16],
                          "others": ["chain-k4", "ngram"]}),
 )
 
@@ -143,8 +144,8 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
         NotebookRun(_HEADS, {"max_new_tokens": 8, "train_prompts": 1, "train_tasks": 2, "train_tokens": 16,
                              "train_steps": 5, "budgets": [4], "others": [], "timed": False, "threads": 0}),
     ), report="08_report"),
-    Preset("quick", "the default study, in auto's weight mode: about 24 minutes on a 2-core CPU in int8 (28 in "
-           "fp32), plus auto's one-time probe of the machine", _QUICK_RUNS,
+    Preset("quick", "the default study, in auto's weight mode: about 12 minutes on a 2-core CPU in w8a8-token "
+           "once the models are converted (28 in fp32), plus auto's one-time probe of the machine", _QUICK_RUNS,
            report="08_report", dtype="auto"),
     Preset("standard", "the acceptance study (03) on every prompt x 128 tokens, the rest as in quick: "
            "about 50 minutes on a 2-core CPU", tuple(
