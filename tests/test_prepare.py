@@ -146,9 +146,17 @@ def test_a_converted_mode_is_cached_once_per_machine_and_restored_bit_for_bit(fa
     (entry / "layers.safetensors").write_bytes(b"damaged")  # a damaged entry is said and replaced
     third = load_model(spec.name, "w8a8-token", cache=cache)
     assert converts == ["w8a8-token"] * 3
-    assert any("cannot be used" in line for line in _progress_lines(capsys.readouterr().err))
+    assert sum("cannot be used" in line for line in _progress_lines(capsys.readouterr().err)) == 1
     with torch.no_grad():
         assert torch.equal(first.model(ids).logits, third.model(ids).logits)
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("safetensors.torch.save_file", full_disk)  # a cache that cannot be written: said, loads
+    (entry / "layers.json").unlink()
+    fourth = load_model(spec.name, "w8a8-token", cache=cache)
+    assert any("could not cache the w8a8-token layers" in line for line in _progress_lines(capsys.readouterr().err))
+    assert fourth.weight_mode == "w8a8-token" and not list(entry.parent.glob(".tmp-*"))
     load_model(spec.name, "int4", cache=cache)  # a mode whose layers are not cached converts every time
     assert converts[-1] == "int4" and not (cache / "models" / f"{spec.name}-int4").exists()
 

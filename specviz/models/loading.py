@@ -680,8 +680,9 @@ def _converted_key(spec: BuiltinModel, mode: WeightMode, tokenizer) -> dict:
     return key
 
 
-def _restore_cached(entry: Path, key: dict, model, mode: WeightMode) -> bool:
-    """Convert ``model`` from the cached layers in ``entry`` if they were made under ``key``."""
+def _restore_cached(entry: Path, key: dict, model, mode: WeightMode, announce: bool = True) -> bool:
+    """Convert ``model`` from the cached layers in ``entry`` if they were made under ``key``
+    (and say so when they were but cannot be read, if ``announce``)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -694,7 +695,8 @@ def _restore_cached(entry: Path, key: dict, model, mode: WeightMode) -> bool:
     try:
         restore_converted(model, mode, meta["layers"], load_file(str(entry / "layers.safetensors")))
     except (OSError, ValueError, KeyError, SafetensorError) as exc:  # a damaged entry: convert again, replace it
-        _say(f"{key['name']}: the cached {mode.name} layers in {entry} cannot be used ({exc}); converting again")
+        if announce:
+            _say(f"{key['name']}: the cached {mode.name} layers in {entry} cannot be used ({exc}); converting again")
         return False
     return True
 
@@ -709,7 +711,7 @@ def _convert_builtin_cached(spec: BuiltinModel, model, mode: WeightMode, tokeniz
     if _restore_cached(entry, key, model, mode):
         return
     with _cache_lock(root):
-        if _restore_cached(entry, key, model, mode):  # another process cached it while this one waited
+        if _restore_cached(entry, key, model, mode, announce=False):  # another process cached it meanwhile
             return
         entry.parent.mkdir(parents=True, exist_ok=True)
         _remove_stale_temp(entry.parent)
@@ -724,6 +726,9 @@ def _convert_builtin_cached(spec: BuiltinModel, model, mode: WeightMode, tokeniz
                 if entry.exists():
                     shutil.rmtree(entry)
                 os.replace(work, entry)
+            except OSError as exc:  # the model is converted; only the cache entry is missing (disk full?)
+                _say(f"{spec.name}: could not cache the {mode.name} layers in {entry} ({exc}); the next load "
+                     "converts again")
             finally:
                 shutil.rmtree(work, ignore_errors=True)
 
