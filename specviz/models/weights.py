@@ -721,6 +721,14 @@ def _shared_input_groups(linears: dict[str, nn.Linear], specs: tuple[tuple[str, 
     return found
 
 
+def _refuse_converted(model: nn.Module, wm: WeightMode) -> None:
+    """ValueError if ``model`` already holds converted layers (they cannot be converted again)."""
+    done = next((type(m).__name__ for m in model.modules() if isinstance(m, _CONVERTED)), None)
+    if done is not None:
+        raise ValueError(f"model already holds {done} layers ({weight_mode_of(model)}); "
+                         f"load it again to convert it to {wm.name}")
+
+
 def quantize_model(model: nn.Module, mode: WeightMode | torch.dtype | str,
                    calibration_ids: torch.Tensor | None = None) -> nn.Module:
     """Put ``model`` in weight mode ``mode``, in place, and return it.
@@ -740,10 +748,7 @@ def quantize_model(model: nn.Module, mode: WeightMode | torch.dtype | str,
             calibrated mode without ``calibration_ids``.
     """
     wm = parse_weight_mode(mode)
-    done = next((type(m).__name__ for m in model.modules() if isinstance(m, _CONVERTED)), None)
-    if done is not None:
-        raise ValueError(f"model already holds {done} layers ({weight_mode_of(model)}); "
-                         f"load it again to convert it to {wm.name}")
+    _refuse_converted(model, wm)
     absmax: dict[str, torch.Tensor] = {}
     if wm.calibrated:
         if calibration_ids is None:
@@ -770,11 +775,17 @@ def quantize_model(model: nn.Module, mode: WeightMode | torch.dtype | str,
                 replacements[name] = wm.convert(module, absmax[name]) if wm.calibrated else wm.convert(module)
             except ValueError as exc:
                 raise ValueError(f"cannot convert layer {name!r} to {wm.name}: {exc}") from exc
-        for name, new in {**groups, **replacements}.items():
-            parent_name, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent_name), child, new)
+        _install(model, groups, replacements)
     _cast_parameters(model, wm)
     return model
+
+
+def _install(model: nn.Module, groups: dict[str, nn.Module], replacements: dict[str, nn.Module]) -> None:
+    """Register the shared-input groups on their parents, then swap each replaced layer in
+    (the same order for a conversion and a restore, so both give the same module tree)."""
+    for name, new in {**groups, **replacements}.items():
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name), child, new)
 
 
 def _cast_parameters(model: nn.Module, wm: WeightMode) -> None:
@@ -870,41 +881,36 @@ def restore_converted(model: nn.Module, mode: WeightMode | str, manifest: Sequen
     if wm.name not in CACHEABLE_MODES:
         raise ValueError(f"weight mode {wm.name} cannot be restored from saved layers; saved modes: "
                          f"{', '.join(CACHEABLE_MODES)}")
-    done = next((type(m).__name__ for m in model.modules() if isinstance(m, _CONVERTED)), None)
-    if done is not None:
-        raise ValueError(f"model already holds {done} layers ({weight_mode_of(model)})")
+    _refuse_converted(model, wm)
     linears = {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
-    built: dict[str, nn.Module] = {}
-    slices: dict[str, nn.Module] = {}
-    vnni_kernel()  # built or loaded once here, not by the workers below
+    if any(entry.get("layer", entry).get("class") == W8A8TokenLinear.__name__ for entry in manifest):
+        vnni_kernel()  # the compiled operator built or loaded once here, not by the workers below
     # Packing for fbgemm is single-threaded per layer, so the layers are packed side by side.
     with ThreadPoolExecutor(max_workers=max(1, torch.get_num_threads())) as pool:
         layers = {entry["name"]: pool.submit(_rebuild, entry.get("layer", entry), tensors) for entry in manifest}
+    groups: dict[str, nn.Module] = {}
+    replacements: dict[str, nn.Module] = {}
     try:
         for entry in manifest:
+            layer = layers[entry["name"]].result()
             if entry["class"] == "SharedInputGroup":
-                group = SharedInputGroup(layers[entry["name"]].result(), tuple(entry["members"]),
-                                         tuple(entry["sizes"]))
-                built[entry["name"]] = group
+                group = SharedInputGroup(layer, tuple(entry["members"]), tuple(entry["sizes"]))
+                groups[entry["name"]] = group
                 parent = entry["name"].rpartition(".")[0]
                 for member in entry["members"]:
-                    slices[_child(parent, member)] = SharedInputSlice(group, member)
+                    replacements[_child(parent, member)] = SharedInputSlice(group, member)
             else:
-                built[entry["name"]] = layers[entry["name"]].result()
+                replacements[entry["name"]] = layer
     except KeyError as exc:
         raise ValueError(f"saved layers lack {exc}") from exc
-    replaced = {**{n: m for n, m in built.items() if not isinstance(m, SharedInputGroup)}, **slices}
-    if set(replaced) != set(linears):
-        odd = sorted(set(replaced) ^ set(linears))[:3]
+    if set(replacements) != set(linears):
+        odd = sorted(set(replacements) ^ set(linears))[:3]
         raise ValueError(f"saved layers do not match the model's linear layers (for example {odd})")
-    for name, new in replaced.items():
+    for name, new in replacements.items():
         old = linears[name]
         if (new.in_features, new.out_features) != (old.in_features, old.out_features):
             raise ValueError(f"saved layer {name!r} is {new.in_features} -> {new.out_features}, the model's "
                              f"{old.in_features} -> {old.out_features}")
-    groups = {n: m for n, m in built.items() if isinstance(m, SharedInputGroup)}
-    for name, new in {**groups, **replaced}.items():
-        parent_name, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent_name), child, new)
+    _install(model, groups, replacements)
     _cast_parameters(model, wm)
     return model

@@ -180,23 +180,27 @@ at::Tensor w8a8_token_linear(const at::Tensor& x, const at::Tensor& inv_smooth,
   const float* smooth = inv_smooth.data_ptr<float>();
   float* f = use_vnni ? nullptr : fed.data_ptr<float>();
   uint8_t* bytes = use_vnni ? fed.data_ptr<uint8_t>() : nullptr;
-  // one row of codes (integers held in floats, |c| <= 127) into the product's input row
-  auto put = [&](int64_t row, const float* c) {
+  // fbgemm's rows are written in place; the VNNI kernel's go through a float scratch row
+  auto code_row = [&](int64_t row, std::vector<float>& scratch) {
+    return use_vnni ? scratch.data() : f + row * width;
+  };
+  // finish a row of codes (integers held in floats, |c| <= 127) for the product
+  auto finish = [&](int64_t row, const float* c) {
     if (use_vnni) {
       uint8_t* dst = bytes + row * k4;
       for (int64_t i = 0; i < k; ++i) dst[i] = static_cast<uint8_t>(static_cast<int32_t>(c[i]) + 128);
       for (int64_t i = k; i < k4; ++i) dst[i] = 128;  // code 0 against zero weights
     } else {
       float* dst = f + row * width;
-      std::memcpy(dst, c, sizeof(float) * k);
       dst[k] = kRange;
       dst[k + 1] = -kRange;
     }
   };
   at::parallel_for(0, m, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> t(k), codes(k);
+    std::vector<float> t(k), scratch(use_vnni ? k : 0);
     for (int64_t r = begin; r < end; ++r) {
       const float* xr = xs + r * k;
+      float* codes = code_row(r, scratch);
       for (int64_t i = 0; i < k; ++i) t[i] = xr[i] * smooth[i];  // smoothed
       const float amax = std::max(absmax(t.data(), k), 1e-30f);
       const float scale = (1.0f / amax) * kCodes;  // as torch computes 127 / tensor
@@ -206,13 +210,14 @@ at::Tensor w8a8_token_linear(const at::Tensor& x, const at::Tensor& inv_smooth,
         codes[i] = c;
         t[i] = v - c;  // rounding error in codes, |e| <= 1/2
       }
-      put(r, codes.data());
+      finish(r, codes);
       step[r] = amax / kCodes;
       if (residual) {
+        float* rest = code_row(m + r, scratch);
         const float emax = std::max(absmax(t.data(), k), 1e-30f);
         const float scale2 = (1.0f / emax) * kCodes;
-        for (int64_t i = 0; i < k; ++i) codes[i] = std::nearbyint(t[i] * scale2);
-        put(m + r, codes.data());
+        for (int64_t i = 0; i < k; ++i) rest[i] = std::nearbyint(t[i] * scale2);
+        finish(m + r, rest);
         step2[r] = step[r] * (emax / kCodes);
       }
     }
