@@ -175,7 +175,9 @@ def _plans(preset: Preset, out: Path) -> list:
 def test_models_needed_follow_the_notebooks_parameters(tmp_path):
     target, draft = models.DEFAULT_TARGET, models.DEFAULT_DRAFT
     quick = runner._builtin_models_needed(_plans(get_preset("quick"), tmp_path))
-    assert quick == [(target, "fp32"), (draft, "fp32"), (target, "bf16")]  # 06 probes the target in bf16
+    assert quick == [(target, "fp32"), (draft, "fp32")]  # quick's 06 probes no other mode
+    full = runner._builtin_models_needed(_plans(get_preset("full"), tmp_path))
+    assert full == [(target, "fp32"), (draft, "fp32"), (target, "bf16")]  # full's 06 probes the target in bf16
     only_toys = Preset("t", "", (NotebookRun("02_trees_masks_attention.ipynb"),
                                  NotebookRun("03_chain_tree_dynamic.ipynb", {"models": "tiny"}),
                                  NotebookRun("04_verification_rules.ipynb", {"real_models": False})))

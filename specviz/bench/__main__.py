@@ -9,11 +9,11 @@ attention against per-path and causal attention (:mod:`specviz.bench.attention`)
 (:mod:`specviz.bench.profile`).
 
 Rows are appended to the CSV as each (repeat, prompt) finishes; running the same
-command again skips the rows already there (``--fresh`` starts over). Before the rounds
-the target's cost curve and prefills are timed into ``<out>.costs.csv`` (``--no-predict``
-skips it), and the summary puts the cost model's predicted speedup of each specviz
-strategy beside the measured one. The last printed line is the one-line summary of the
-best specviz strategy.
+command again skips the rows already there (``--fresh`` starts over). Before the rounds,
+and once more after each round, the target's cost curve and prefills are timed into
+``<out>.costs.csv`` (``--no-predict`` skips it), and the summary puts the cost model's
+predicted speedup of each specviz strategy beside the measured one. The last printed
+line is the one-line summary of the best specviz strategy.
 
 Usage::
 
@@ -107,8 +107,8 @@ def _e2e_parser() -> argparse.ArgumentParser:
                         "bench-t<T>.csv)")
     p.add_argument("--fresh", action="store_true", help="discard rows already in --out instead of resuming")
     p.add_argument("--no-predict", dest="predict", action="store_false",
-                   help="skip timing the target's cost curve and prefills (about a minute on a CPU) and the "
-                        "cost model's predicted speedup of each strategy")
+                   help="skip timing the target's cost curve and prefills (about a minute on a CPU before the "
+                        "rounds and a few seconds after each) and the cost model's predicted speedup of each strategy")
     p.add_argument("--models", choices=("builtin", "tiny"), default="builtin",
                    help="builtin: --target and --draft (default); tiny: specviz's tiny random pair (tests)")
     p.add_argument("--target", default=None, help="target model (default: the built-in 1.5B)")
@@ -430,12 +430,33 @@ def _costs_path(out: Path) -> Path:
     return out.with_name(out.stem + ".costs.csv")
 
 
+#: the ``pass`` of the costs timed before the rounds (each round's pass is named after it)
+BEFORE_ROUNDS = "before"
+
+
+def _append_costs(pair, todo, path: Path, label: str) -> None:
+    """Time ``todo`` = ``[(prefix_len, sizes, warmup, repeats), ...]`` of the target with
+    :func:`~specviz.bench.cost.forward_cost_curve` and append the rows to ``path``, with
+    ``pass`` = ``label``."""
+    from specviz.bench.cost import forward_cost_curve
+
+    for prefix, sizes, warmup, repeats in todo:
+        if not sizes:
+            continue
+        part = forward_cost_curve(pair.target, sizes, prefix_len=prefix, warmup=warmup, repeats=repeats)
+        part["pass"] = label
+        if path.exists() and path.stat().st_size:
+            have = pd.read_csv(path, nrows=0).columns
+            if list(have) != list(part.columns):  # a file begun before passes were recorded: one pass, before
+                pd.concat([pd.read_csv(path).assign(**{"pass": BEFORE_ROUNDS}), part]).to_csv(path, index=False)
+                continue
+        part.to_csv(path, mode="a", header=not (path.exists() and path.stat().st_size), index=False)
+
+
 def _measure_costs(pair, lengths: Sequence[int], path: Path) -> None:
     """Time the target's cost curve (:data:`CURVE_SIZES` after :data:`CURVE_PREFIX` tokens)
     and its prefill of each prompt length in ``lengths`` that ``path`` does not hold yet
     for this target and thread count; append them to ``path``."""
-    from specviz.bench.cost import forward_cost_curve
-
     have = pd.read_csv(path) if path.exists() and path.stat().st_size else pd.DataFrame(
         columns=["model", "threads", "n_tokens", "prefix_len"])
     mine = have[(have["model"] == pair.target.name) & (have["threads"] == torch.get_num_threads())]
@@ -443,13 +464,26 @@ def _measure_costs(pair, lengths: Sequence[int], path: Path) -> None:
     todo = [(CURVE_PREFIX, [n for n in CURVE_SIZES if (CURVE_PREFIX, n) not in done], 1, 3),
             (0, sorted({n for n in lengths if (0, n) not in done}), 1, 2)]
     t0 = time.perf_counter()
-    for prefix, sizes, warmup, repeats in todo:
-        if sizes:
-            part = forward_cost_curve(pair.target, sizes, prefix_len=prefix, warmup=warmup, repeats=repeats)
-            part.to_csv(path, mode="a", header=not (path.exists() and path.stat().st_size), index=False)
+    _append_costs(pair, todo, path, BEFORE_ROUNDS)
     if any(sizes for _, sizes, *_ in todo):
         print(f"cost model: the target's forward at {len(todo[0][1])} tree sizes and its prefill of "
               f"{len(todo[1][1])} prompt lengths timed in {time.perf_counter() - t0:.1f}s -> {path}")
+
+
+def _measure_round_costs(pair, prompt_len: int, path: Path, label: str) -> float:
+    """One more pass of the target's cost curve and of the prefill of the round's prompt
+    (``prompt_len`` tokens), right after the round's runs: each size timed once after one
+    untimed forward of it; seconds taken.
+
+    The curve timed before the rounds alone can miss how fast the machine runs during
+    them (on a shared 2-core machine its one-token forward has measured 15% faster and
+    25% slower than the rounds' own forwards); the passes spread over the rounds share
+    the rounds' conditions, and the cost model takes the median of all passes. (Without
+    the untimed forward, the first forwards after the curve's prefill measured 10-50%
+    slower than the rounds' decoding steps.)"""
+    t0 = time.perf_counter()
+    _append_costs(pair, [(CURVE_PREFIX, list(CURVE_SIZES), 1, 1), (0, [prompt_len], 1, 1)], path, label)
+    return time.perf_counter() - t0
 
 
 def _predicted_wall(rows: pd.DataFrame, path: Path) -> pd.Series | None:
@@ -462,8 +496,9 @@ def _predicted_wall(rows: pd.DataFrame, path: Path) -> pd.Series | None:
     costs = pd.read_csv(path)
     threads = set(rows["threads"].dropna().astype(int))
     costs = costs[costs["model"].isin(set(rows["target"])) & costs["threads"].isin(threads)]
-    curve = costs[costs["prefix_len"] > 0].drop_duplicates("n_tokens", keep="last")
-    prefill = costs[costs["prefix_len"] == 0].drop_duplicates("n_tokens", keep="last").sort_values("n_tokens")
+    # every pass (before the rounds and after each one): the median per size
+    curve = costs[costs["prefix_len"] > 0].groupby("n_tokens", as_index=False)["median_ms"].median()
+    prefill = costs[costs["prefix_len"] == 0].groupby("n_tokens", as_index=False)["median_ms"].median()
     if curve.empty or prefill.empty:
         return None
     model = CostModel.from_curves(curve, curve, column="median_ms")
@@ -510,7 +545,8 @@ def _measure(args, specs: list[MethodSpec], prompts, rounds, existing: pd.DataFr
                                seed=args.seed, drafter=drafters.get(s.name),
                                verifier=s.verifier(args.temperature, args.verifier), llama_cpp=args.llama_cpp_dir)
             print(f"warm-up: {len(pending)} methods x {args.warmup_tokens} tokens (not timed)")
-        if args.predict and any(s.is_strategy for s in specs):
+        predict = args.predict and any(s.is_strategy for s in specs)
+        if predict:
             _measure_costs(pair, [len(ids[p.question_id]) - 1 for p in prompts], _costs_path(out))
         total = sum(len(t) for *_, t in rounds)
         count = 0
@@ -544,7 +580,11 @@ def _measure(args, specs: list[MethodSpec], prompts, rounds, existing: pd.DataFr
                          plain_ids, run, gens[spec.name][2]) for spec in todo]
             pd.DataFrame(rows, columns=list(COLUMNS)).to_csv(out, mode="a", header=not out.exists(), index=False)
             best = max(rows, key=lambda r: r["speedup"])
-            print(f"       q{qid}: plain {plain_tps:.2f} tok/s; fastest {best['method']} {best['speedup']:.2f}x")
+            timed = ""
+            if predict:
+                took = _measure_round_costs(pair, len(ids[qid]) - 1, _costs_path(out), f"q{qid}-r{repeat}")
+                timed = f"; cost curve timed again ({took:.1f}s)"
+            print(f"       q{qid}: plain {plain_tps:.2f} tok/s; fastest {best['method']} {best['speedup']:.2f}x{timed}")
     finally:
         transformers.logging.set_verbosity(verbosity)
 

@@ -37,6 +37,7 @@ G = K / group_size groups per output channel, Np = N rounded up to a multiple of
 
 from __future__ import annotations
 
+import os
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -863,6 +864,14 @@ def _rebuild(entry: dict, tensors: dict[str, torch.Tensor]) -> nn.Module:
     return layer
 
 
+def _usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS, Windows
+        return max(1, os.cpu_count() or 1)
+
+
 def restore_converted(model: nn.Module, mode: WeightMode | str, manifest: Sequence[dict],
                       tensors: dict[str, torch.Tensor]) -> nn.Module:
     """Put ``model`` (unconverted, the same architecture and weights the layers were
@@ -885,8 +894,9 @@ def restore_converted(model: nn.Module, mode: WeightMode | str, manifest: Sequen
     linears = {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
     if any(entry.get("layer", entry).get("class") == W8A8TokenLinear.__name__ for entry in manifest):
         vnni_kernel()  # the compiled operator built or loaded once here, not by the workers below
-    # Packing for fbgemm is single-threaded per layer, so the layers are packed side by side.
-    with ThreadPoolExecutor(max_workers=max(1, torch.get_num_threads())) as pool:
+    # Packing for fbgemm is single-threaded per layer, so the layers are packed side by side,
+    # on every core this process may use whatever torch's thread setting (a load times nothing).
+    with ThreadPoolExecutor(max_workers=_usable_cores()) as pool:
         layers = {entry["name"]: pool.submit(_rebuild, entry.get("layer", entry), tensors) for entry in manifest}
     groups: dict[str, nn.Module] = {}
     replacements: dict[str, nn.Module] = {}

@@ -89,7 +89,7 @@ _HEADS = "10_draft_heads.ipynb"
 
 #: The default study's notebook runs; ``standard`` replaces its acceptance study (03).
 _QUICK_RUNS = (
-    NotebookRun(_QUICKSTART),
+    NotebookRun(_QUICKSTART, {"threads": 0}),
     NotebookRun(_TREES),
     NotebookRun(_ACCEPTANCE, {"prompt_limit": 7, "max_new_tokens": 32, "budgets": [4, 8, 16, 32, 64],
                               "cross_check": False, "sampled_stride": 16, "threads": 0}),
@@ -100,7 +100,7 @@ _QUICK_RUNS = (
     NotebookRun(_SPEED, {"prompt_limit": 2, "max_new_tokens": 32,
                          "methods": ["chain-k4", "dynamic-k4-d5-n16", "ngram"],
                          "sequoia_budgets": [8], "cost_sizes": [1, 2, 4, 8, 16, 64], "profile_tokens": 8,
-                         "threads": 0}),
+                         "probe_dtypes": [], "threads": 0}),
     NotebookRun(_REPORT),
     NotebookRun(_LOOKAHEAD, {"prompt_limit": 2, "max_new_tokens": 32, "sweep_windows": [5], "sweep_ngrams": [4],
                              "sweep_guesses": [5], "others": ["ngram"], "cost_sizes": [1, 2, 4, 8, 16, 32]}),
@@ -144,11 +144,11 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
         NotebookRun(_HEADS, {"max_new_tokens": 8, "train_prompts": 1, "train_tasks": 2, "train_tokens": 16,
                              "train_steps": 5, "budgets": [4], "others": [], "timed": False, "threads": 0}),
     ), report="08_report"),
-    Preset("quick", "the default study, in auto's weight mode: about 12 minutes on a 2-core CPU in w8a8-token "
+    Preset("quick", "the default study, in auto's weight mode: about 11 minutes on a 2-core CPU in w8a8-token "
            "once the models are converted (28 in fp32), plus auto's one-time probe of the machine", _QUICK_RUNS,
            report="08_report", dtype="auto"),
-    Preset("standard", "the acceptance study (03) on every prompt x 128 tokens, the rest as in quick: "
-           "about 50 minutes on a 2-core CPU", tuple(
+    Preset("standard", "the acceptance study (03) on every prompt x 128 tokens, the rest as in quick, all in "
+           "fp32: about an hour on a 2-core CPU", tuple(
                NotebookRun(_ACCEPTANCE, _STANDARD_ACCEPTANCE) if r.notebook == _ACCEPTANCE else r
                for r in _QUICK_RUNS), report="08_report"),
     Preset("full", "every prompt and budget, longer generations, more repeats and trials", (
