@@ -67,8 +67,11 @@ def test_parse_method_grammar():
 def test_greedy_run_writes_rows_and_summary(prompts_file, tmp_path, capsys, use_tiny):
     out = tmp_path / "greedy.csv"
     assert cli.main(_argv(prompts_file, out)) == 0
-    match = SUMMARY.match(_last_line(capsys))
+    printed = capsys.readouterr().out
+    match = SUMMARY.match(printed.strip().splitlines()[-1])
     assert match and match.group(1) in ("chain-k2", "ngram")
+    # the cost curve's passes: before the rounds and after each of the 2 rounds
+    assert re.search(r"one-token forward \d+ ms, \d+-\d+ over 3 passes", printed)
 
     rows = bench.load_results(out)
     assert list(rows.columns) == list(bench.COLUMNS)
@@ -313,3 +316,5 @@ def test_the_prediction_takes_the_median_of_every_pass(tmp_path):
                          "draft_s": [0.1]})
     # medians: t(1) 50 ms, t(2) 60 ms, prefill of 10 tokens 700 ms; each step verifies 1 + 4 / 4 = 2 tokens
     assert cli._predicted_wall(rows, path).iloc[0] == pytest.approx(0.7 + 0.1 + 4 * 0.060)
+    assert cli._curve_spread(rows, path) == "one-token forward 50 ms, 40-80 over 3 passes"
+    assert cli._curve_spread(rows.assign(threads=1), path) == ""  # no pass at that thread count

@@ -341,13 +341,14 @@ def _row(spec: MethodSpec, gen: Generation, prompt, repeat: int, position: int, 
     }
 
 
-def _print_summary(rows: pd.DataFrame, methods: list[str], predicted_wall: pd.Series | None = None) -> BenchSummary:
+def _print_summary(rows: pd.DataFrame, methods: list[str], predicted_wall: pd.Series | None = None,
+                   spread: str = "") -> BenchSummary:
     summary = summarize(rows, methods, predicted_wall)
     print("\nper method (speedup = mean over prompts of plain's time per token / the method's; "
           "tau = tokens per target call):")
     if predicted_wall is not None:
         print("predicted = the cost model's: the target's timed prefill and forward over each step's tree, plus "
-              "the measured draft time; error = measured / predicted - 1")
+              "the measured draft time; error = measured / predicted - 1" + (f"; {spread}" if spread else ""))
     print(_format(summary.per_method))
     print("\nmean speedup per category:")
     print(_format(summary.per_category.reset_index()))
@@ -413,7 +414,11 @@ def _run(args: argparse.Namespace, specs: list[MethodSpec]) -> int:
     keep = rows["method"].isin(method_names) & rows["question_id"].isin([p.question_id for p in prompts]) \
         & (rows["repeat"] < args.repeats)
     rows = rows[keep]
-    _print_summary(rows, method_names, _predicted_wall(rows, _costs_path(out)) if args.predict else None)
+    if args.predict:
+        costs = _costs_path(out)
+        _print_summary(rows, method_names, _predicted_wall(rows, costs), _curve_spread(rows, costs))
+    else:
+        _print_summary(rows, method_names)
     return 0
 
 
@@ -503,6 +508,20 @@ def _predicted_wall(rows: pd.DataFrame, path: Path) -> pd.Series | None:
         return None
     model = CostModel.from_curves(curve, curve, column="median_ms")
     return predicted_wall_s(rows, model, list(zip(prefill["n_tokens"], prefill["median_ms"])))
+
+
+def _curve_spread(rows: pd.DataFrame, path: Path) -> str:
+    """How much the passes of the target's one-token forward varied (the machine's noise
+    during the run), e.g. ``"one-token forward 83 ms, 73-105 over 8 passes"``; "" with
+    fewer than two passes."""
+    if not path.exists() or rows.empty:
+        return ""
+    costs = pd.read_csv(path)
+    one = costs[(costs["prefix_len"] > 0) & (costs["n_tokens"] == 1) & costs["model"].isin(set(rows["target"]))
+                & costs["threads"].isin(set(rows["threads"].dropna().astype(int)))]["median_ms"]
+    if len(one) < 2:
+        return ""
+    return f"one-token forward {one.median():.0f} ms, {one.min():.0f}-{one.max():.0f} over {len(one)} passes"
 
 
 def _measure(args, specs: list[MethodSpec], prompts, rounds, existing: pd.DataFrame, out: Path, run: dict) -> None:
