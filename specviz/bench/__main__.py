@@ -481,11 +481,11 @@ def _measure_round_costs(pair, prompt_len: int, path: Path, label: str) -> float
     untimed forward of it; seconds taken.
 
     The curve timed before the rounds alone can miss how fast the machine runs during
-    them (on a shared 2-core machine its one-token forward has measured 15% faster and
-    25% slower than the rounds' own forwards); the passes spread over the rounds share
+    them (on a shared 2-core machine its one-token forward has measured 13% faster and
+    32% slower than the rounds' own decoding steps); the passes spread over the rounds share
     the rounds' conditions, and the cost model takes the median of all passes. (Without
-    the untimed forward, the first forwards after the curve's prefill measured 10-50%
-    slower than the rounds' decoding steps.)"""
+    the untimed forward, the first forwards after the curve's prefill measured up to
+    54% slower than the rounds' decoding steps.)"""
     t0 = time.perf_counter()
     _append_costs(pair, [(CURVE_PREFIX, list(CURVE_SIZES), 1, 1), (0, [prompt_len], 1, 1)], path, label)
     return time.perf_counter() - t0
