@@ -496,11 +496,9 @@ def _predicted_wall(rows: pd.DataFrame, path: Path) -> pd.Series | None:
     from the costs in ``path``; None when they are missing or do not cover the rows."""
     from specviz.bench.cost import CostModel, predicted_wall_s
 
-    if not path.exists() or rows.empty:
+    costs = _costs_of(rows, path)
+    if costs is None:
         return None
-    costs = pd.read_csv(path)
-    threads = set(rows["threads"].dropna().astype(int))
-    costs = costs[costs["model"].isin(set(rows["target"])) & costs["threads"].isin(threads)]
     # every pass (before the rounds and after each one): the median per size
     curve = costs[costs["prefix_len"] > 0].groupby("n_tokens", as_index=False)["median_ms"].median()
     prefill = costs[costs["prefix_len"] == 0].groupby("n_tokens", as_index=False)["median_ms"].median()
@@ -510,15 +508,24 @@ def _predicted_wall(rows: pd.DataFrame, path: Path) -> pd.Series | None:
     return predicted_wall_s(rows, model, list(zip(prefill["n_tokens"], prefill["median_ms"])))
 
 
+def _costs_of(rows: pd.DataFrame, path: Path) -> pd.DataFrame | None:
+    """The costs in ``path`` timed for ``rows``' target at their thread count (every pass);
+    None when the file is missing or there are no rows."""
+    if not path.exists() or rows.empty:
+        return None
+    costs = pd.read_csv(path)
+    threads = set(rows["threads"].dropna().astype(int))
+    return costs[costs["model"].isin(set(rows["target"])) & costs["threads"].isin(threads)]
+
+
 def _curve_spread(rows: pd.DataFrame, path: Path) -> str:
     """How much the passes of the target's one-token forward varied (the machine's noise
     during the run), e.g. ``"one-token forward 83 ms, 73-105 over 8 passes"``; "" with
     fewer than two passes."""
-    if not path.exists() or rows.empty:
+    costs = _costs_of(rows, path)
+    if costs is None:
         return ""
-    costs = pd.read_csv(path)
-    one = costs[(costs["prefix_len"] > 0) & (costs["n_tokens"] == 1) & costs["model"].isin(set(rows["target"]))
-                & costs["threads"].isin(set(rows["threads"].dropna().astype(int)))]["median_ms"]
+    one = costs[(costs["prefix_len"] > 0) & (costs["n_tokens"] == 1)]["median_ms"]
     if len(one) < 2:
         return ""
     return f"one-token forward {one.median():.0f} ms, {one.min():.0f}-{one.max():.0f} over {len(one)} passes"
