@@ -96,7 +96,7 @@ def test_registry_names_and_bad_parts(tiny_pair):
     assert [d.name for d in named.drafters] == ["ngram(n=2,k=3)", "dynamic(k=2,d=2,n=4)"]
     with pytest.raises(ValueError, match=r"fallback strategy part 'beam': unknown strategy 'beam'"):
         build_drafter("fallback-ngram+beam", tiny_pair)
-    with pytest.raises(ValueError, match=r"fallback strategy part 'merged': cascades and merged trees do not nest"):
+    with pytest.raises(ValueError, match=r"fallback strategy part 'merged': composite strategies do not nest"):
         build_drafter("fallback-ngram+merged", tiny_pair)
     with pytest.raises(ValueError, match="at least two drafters"):
         FallbackDrafter([NgramDrafter()])

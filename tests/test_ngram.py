@@ -271,11 +271,13 @@ def test_trie_rejects_bad_arguments(kwargs, error):
 # -- the adaptive-length lookup chain -----------------------------------------------------------
 
 class _Step:
-    """The fields of a StepTrace that AdaptiveNgramDrafter.observe reads."""
+    """The fields of a StepTrace that AdaptiveNgramDrafter.observe reads: the tree's size,
+    the accepted tokens and the bonus token (the step commits both), the verification time."""
 
-    def __init__(self, n_nodes, accepted, verify_s):
+    def __init__(self, n_nodes, accepted, verify_s, bonus=0):
         self.tree = DraftTree.from_lists(list(range(n_nodes)), list(range(-1, n_nodes - 1)))
-        self.acceptance = type("A", (), {"n_accepted": accepted})()
+        self.acceptance = type("A", (), {"n_accepted": len(accepted), "accepted_tokens": tuple(accepted),
+                                         "bonus_token": bonus})()
         self.verify_time_s = verify_s
 
 
@@ -321,25 +323,46 @@ def test_adaptive_length_drafts_nothing_where_it_does_not_pay_and_long_where_it_
 def test_adaptive_length_learns_acceptance_per_match_length_and_costs_online():
     d = AdaptiveNgramDrafter(n=3, k_max=4)  # costs measured online
     assert d.relative_costs() == pytest.approx([1.0, 1.25, 1.5, 1.75, 2.0])  # the prior slope
-    ctx = torch.tensor([7, 8, 9, 10, 11, 7, 8, 9])  # a three-token match of "7 8 9"
+    ctx = torch.tensor([7, 8, 9, 10, 11, 7, 8, 9])  # a three-token match of "7 8 9": continuation 10 11 7 8
     tree = d.draft(ctx, SamplingConfig(), "greedy", None)
-    k = tree.n_nodes - 1
-    assert k >= 1 and tree.tokens.tolist()[1:] == [10, 11, 7, 8][:k] and d.history[-1] == (3, k)
-    d.observe(_Step(k + 1, accepted=k, verify_s=0.30))  # all accepted
-    assert d._tried[3, 1] == 3 and d._accepted[3, 1] == 2  # Beta(1, 1) prior plus one acceptance
-    assert d._tried[2, 1] == 2  # other match lengths untouched
-    d.observe(_Step(1, accepted=0, verify_s=0.10))  # a plain step: only its time counts
-    assert d._time[1] == (0.10, 1) and d._time[k + 1] == (0.30, 1)
+    # prior acceptance 1/2: one token is worth 1.5 / 1.25, two 1.75 / 1.5
+    assert tree.tokens.tolist() == [9, 10] and d.history[-1] == (3, 1) and d.last_worth == pytest.approx(1.2)
+    d.observe(_Step(2, accepted=[10], verify_s=0.30, bonus=11))  # accepted, and the bonus is the next one
+    # Beta(1, 1) prior plus one acceptance at position 1, and at position 2, which the bonus confirmed
+    assert d._tried[3, 1] == 3 and d._accepted[3, 1] == 2 and d._tried[3, 2] == 3 and d._accepted[3, 2] == 2
+    assert d._tried[3, 3] == 2 and d._tried[2, 1] == 2  # beyond the committed tokens, other lengths: untouched
+    d.observe(_Step(1, accepted=[], verify_s=0.10, bonus=5))  # a step with no lookup: only its time counts
+    assert d._time[1] == [0.10] and d._time[2] == [0.30] and d._tried[3, 1] == 3
     costs = d.relative_costs()
-    assert costs[0] == 1.0 and costs[k] == pytest.approx(3.0)
-    # a rejected first token after a draft counts as tried, not accepted, at position 1 only
-    d._last_match = 3
-    d.observe(_Step(3, accepted=0, verify_s=0.2))
-    assert d._tried[3, 1] == 4 and d._accepted[3, 1] == 2 and d._tried[3, 2] == 2 + (k >= 2)
+    assert costs[0] == 1.0 and costs[1] == pytest.approx(3.0)
+    # a rejected first token counts as tried, not accepted, at position 1 only
+    d.draft(ctx, SamplingConfig(), "greedy", None)
+    d.observe(_Step(d.history[-1][1] + 1, accepted=[], verify_s=0.2, bonus=99))
+    assert d._tried[3, 1] == 4 and d._accepted[3, 1] == 2 and d._tried[3, 2] == 3
+    # a draft another drafter replaced still learns from what the step committed
+    d.draft(ctx, SamplingConfig(), "greedy", None)
+    d.withdraw()
+    assert d.history[-1] == (3, 0)
+    d.observe(_Step(3, accepted=[10, 11], verify_s=0.2, bonus=7))
+    assert (d._tried[3, 1:4].tolist(), d._accepted[3, 1:4].tolist()) == ([5, 4, 3], [3, 3, 2])
+    # a match whose chain was not worth drafting learns from the plain step's token
+    flat = AdaptiveNgramDrafter(n=3, k_max=4, prior_accepted=1, prior_rejected=9)
+    assert flat.draft(ctx, SamplingConfig(), "greedy", None).n_nodes == 1 and flat.history[-1] == (3, 0)
+    flat.observe(_Step(1, accepted=[], verify_s=0.1, bonus=10))
+    assert flat._tried[3, 1] == 11 and flat._accepted[3, 1] == 2
+    # one slow step (a first forward, a busy moment) does not move the measured cost; a sequence's first
+    # step is not timed at all
+    for t in (0.1, 5.0, 0.1, 0.1):
+        d.observe(_Step(1, [], t))
+    assert d.verify_time(1) == 0.1 and d.plain_step_time() == 0.1
+    first = _Step(4, [], 9.0)
+    first.step = 0
+    d.observe(first)
+    assert d.verify_time(4) is None
     # two measured sizes: the size between them is interpolated
     d2 = AdaptiveNgramDrafter(n=2, k_max=3)
-    d2.observe(_Step(1, 0, 0.1))
-    d2.observe(_Step(3, 0, 0.2))
+    d2.observe(_Step(1, [], 0.1))
+    d2.observe(_Step(3, [], 0.2))
     assert d2.relative_costs() == pytest.approx([1.0, 1.5, 2.0, 2.25])
 
 

@@ -14,6 +14,7 @@ from specviz.draft import (
     NgramDrafter,
     NgramTrieDrafter,
     SelfSpeculativeDrafter,
+    SwitchDrafter,
     TreeDrafter,
 )
 from specviz.draft.lookahead import JacobiDrafter, LookaheadDrafter
@@ -46,6 +47,8 @@ NAMES = {
     "self-spec-L1-k2": (SelfSpeculativeDrafter, None),
     "fallback": (FallbackDrafter, "fallback(ngram(n=3,k=4,min=2)>chain(k=2))"),
     "fallback-ngram-n2-k3+tree-2x1": (FallbackDrafter, "fallback(ngram(n=2,k=3)>tree(n=4,d=2))"),
+    "switch": (SwitchDrafter, "switch(ngram-adaptive(n=3,k<=8)|chain(k=2))"),
+    "switch-ngram-adaptive-n2-k4+chain-k3": (SwitchDrafter, "switch(ngram-adaptive(n=2,k<=4)|chain(k=3))"),
     "jacobi": (JacobiDrafter, "jacobi(k=5)"),
     "lookahead-w3-n2-g4-context": (LookaheadDrafter, "lookahead(w=3,n=2,g=4,context)"),
 }

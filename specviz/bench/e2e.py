@@ -23,7 +23,7 @@ reports how much faster each is than plain decoding of the target (:func:`summar
   own target-only loop were much faster than ``plain``, speedups over ``plain`` would
   flatter specviz rather than speculative decoding.
 * specviz strategies, e.g. ``chain-k4``, ``tree-2x2x1``, ``dynamic``, ``adaptive``,
-  ``ngram``, ``ngram-adaptive``, ``ngram-trie``, ``merged``, ``fallback``, ``self-spec``
+  ``ngram``, ``ngram-adaptive``, ``ngram-trie``, ``merged``, ``fallback``, ``switch``, ``self-spec``
   (:data:`specviz.draft.registry.STRATEGIES`),
   run by :func:`specviz.decode.speculative_generate` with the greedy verifier, or at a
   temperature with ``chain`` (chains) or ``topk`` (trees and n-gram drafts; their

@@ -73,7 +73,7 @@ def default_drafters(pair: ModelPair) -> list[Drafter]:
     # without trained exits a truncated target only agrees with itself when few layers are cut
     self_spec = f"self-spec-L{pair.target.model.config.num_hidden_layers - 4}-k3"
     names = ["chain-k4", "tree-2x2x1", "dynamic-k4-d5-n16", "adaptive-heuristic", "adaptive-throughput", self_spec,
-             "ngram-n3-k5", "ngram-trie-n3-d5-b16", "merged", "jacobi-k5", "lookahead-w5-n4-g5"]
+             "ngram-n3-k5", "ngram-trie-n3-d5-b16", "merged", "switch", "jacobi-k5", "lookahead-w5-n4-g5"]
     drafters = [build_drafter(name, pair) for name in names]
     drafters.insert(2, TreeDrafter(pair.draft, SPARSE_TREE))
     return drafters

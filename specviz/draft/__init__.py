@@ -7,6 +7,7 @@
 * :mod:`~specviz.draft.ngram` - prompt lookup, as a chain or a trie;
 * :mod:`~specviz.draft.merged` - SpecInfer's merge of several drafters;
 * :mod:`~specviz.draft.fallback` - a cascade: later drafters run only where earlier ones propose nothing;
+* :mod:`~specviz.draft.switch` - prompt lookup or a draft-model chain, whichever promises more each step;
 * :mod:`~specviz.draft.lookahead` - Jacobi and lookahead decoding: no draft model, guesses from the
   target's own outputs;
 * :mod:`~specviz.draft.registry` - every strategy by name, built from a model pair.
@@ -21,3 +22,4 @@ from specviz.draft.model import *  # noqa: F401,F403
 from specviz.draft.ngram import *  # noqa: F401,F403
 from specviz.draft.registry import *  # noqa: F401,F403
 from specviz.draft.self_spec import *  # noqa: F401,F403
+from specviz.draft.switch import *  # noqa: F401,F403

@@ -29,6 +29,7 @@ Dimension legend: L = committed context length, N = tree nodes including the roo
 from __future__ import annotations
 
 import heapq
+import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -263,12 +264,14 @@ class AdaptiveNgramDrafter(NgramDrafter):
     prior ``Beta(prior_accepted, prior_rejected)``, by default 1 and 1: a half, optimistic
     enough that every match length is tried). ``t(n)`` is either given (``costs``, e.g. the
     benchmark's measured cost curve, for reproducible runs) or measured online from the
-    steps' verification wall times (a running mean per tree size); sizes not measured yet
-    are interpolated from the measured ones, with ``prior_slope`` (the extra cost of each
-    more token, relative to a plain step) before two sizes are known. Greedy output is
+    steps' verification wall times (the median of the latest per tree size; a sequence's
+    first step, which may carry a first forward's one-off setup, is left out); sizes not
+    measured yet are interpolated from the measured ones, with ``prior_slope`` (the extra
+    cost of each more token, relative to a plain step) before two sizes are known. Greedy output is
     unchanged; only the drafts differ. A replay (:func:`specviz.decode.replay_acceptance`)
     times nothing, so there the costs stay at the prior: give ``costs`` for a replay that
-    drafts as a live run would.
+    drafts as a live run would. After each draft, :attr:`last_worth` holds the chosen
+    chain's ``E(k) / C(k)`` (1.0 when it proposes nothing).
 
     Args:
         n, min_n: longest and shortest n-gram tried (as :class:`NgramDrafter`).
@@ -307,16 +310,46 @@ class AdaptiveNgramDrafter(NgramDrafter):
         shape = (self.n + 1, self.k_max + 1)  # [match length m, position i]
         self._accepted = torch.full(shape, self.prior[0], dtype=torch.float64)
         self._tried = torch.full(shape, self.prior[0] + self.prior[1], dtype=torch.float64)
-        self._time: dict[int, tuple[float, int]] = {}  # tree size -> (mean verify seconds, steps)
-        self._last_match: int | None = None
+        self._time: dict[int, list[float]] = {}  # tree size -> its latest verification times (seconds)
+        self._last_match: tuple[int, tuple[int, ...]] | None = None  # (match length, continuation)
+        self.last_worth = 1.0
         self.history: list[tuple[int, int]] = []  # (match length or 0, tokens drafted) per draft
+
+    def withdraw(self) -> None:
+        """Drop the latest draft: another drafter drafts the step instead (as in
+        :class:`~specviz.draft.switch.SwitchDrafter`). :attr:`history` records the step as
+        drafting nothing; :meth:`observe` still learns from the tokens the step commits."""
+        if self.history:
+            self.history[-1] = (self.history[-1][0], 0)
+
+    def plain_step_time(self) -> float | None:
+        """The estimated time of a one-token verification, ``t(1)``, in seconds from the
+        steps observed so far (with given ``costs`` too), or None before any was timed."""
+        if not self._time:
+            return None
+        if 1 in self._time:
+            return self.verify_time(1)
+        size = min(self._time)
+        rel = self.relative_costs()
+        return self.verify_time(size) / rel[size - 1] if size - 1 < len(rel) else None
+
+    #: verification times kept per tree size (the latest ones)
+    time_samples: int = 32
+
+    def verify_time(self, size: int) -> float | None:
+        """The measured time of verifying a tree of ``size`` nodes, in seconds: the lower
+        median of its latest :attr:`time_samples` steps (one slow step, a first forward
+        or the machine busy for a moment, moves a mean but not a median), or None if no
+        step of that size was timed."""
+        samples = self._time.get(size)
+        return statistics.median_low(samples) if samples else None
 
     def relative_costs(self) -> list[float]:
         """``C(k) = t(k + 1) / t(1)`` for ``k = 0 .. k_max``, as the next draft would use them."""
         if self.costs is not None:
             return [c / self.costs[0] for c in self.costs]
         sizes = sorted(self._time)
-        means = {s: self._time[s][0] for s in sizes}
+        means = {s: self.verify_time(s) for s in sizes}
         out = []
         for size in range(1, self.k_max + 2):
             if not sizes:
@@ -348,6 +381,7 @@ class AdaptiveNgramDrafter(NgramDrafter):
             value = expected / cost[k]
             if value > best * (1 + 1e-12):
                 best_k, best = k, value
+        self.last_worth = best
         return best_k
 
     def draft(self, context: torch.Tensor, config: SamplingConfig, sibling_sampling: str,
@@ -359,28 +393,45 @@ class AdaptiveNgramDrafter(NgramDrafter):
         match = self._lookup(tokens)
         chain: tuple[int, ...] = ()
         self._last_match = None
+        self.last_worth = 1.0
         if match is not None:
             k = self.choose_length(match.length, len(match.continuation))
             chain = match.continuation[:k]
-            if k:
-                self._last_match = match.length
+            self._last_match = (match.length, match.continuation)
         self.history.append((0 if match is None else match.length, len(chain)))
         return _lookup_chain(tokens[-1], chain)
 
     def observe(self, step) -> None:
-        """Count the step's acceptance per position for its match length, and (when costs
-        are measured) its verification time for its tree size."""
+        """Count, for the latest match's length, which of its continuation tokens the step's
+        committed tokens (accepted plus bonus) confirm, and record the step's verification
+        time for its tree size.
+
+        Position ``i`` of the continuation counts as tried when every token before it
+        matched the committed ones and the step committed at least ``i`` tokens, and as
+        accepted when it matches too. On the drafted positions that is exactly what the
+        verifier accepted (a rejected draft token is never the token committed in its
+        place); beyond them, and on a step the lookup did not draft (no proposal, or
+        another drafter's), it is what a draft of that length would have given: under
+        greedy decoding the committed tokens do not depend on the draft, and under sampling
+        the committed token equals a deterministic draft token with the probability that
+        the token is accepted. So a short chain learns whether a longer one would have
+        paid."""
         size = step.tree.n_nodes
-        if self.costs is None and step.verify_time_s > 0:
-            mean, count = self._time.get(size, (0.0, 0))
-            self._time[size] = ((mean * count + step.verify_time_s) / (count + 1), count + 1)
-        m, self._last_match = self._last_match, None
-        if m is None or size < 2:
+        if step.verify_time_s > 0 and getattr(step, "step", None) != 0:
+            samples = self._time.setdefault(size, [])
+            samples.append(step.verify_time_s)
+            del samples[:-self.time_samples]
+        last, self._last_match = self._last_match, None
+        if last is None:
             return
-        accepted = step.acceptance.n_accepted
-        for i in range(1, min(size - 1, accepted + 1) + 1):  # positions reached: all before them accepted
+        m, continuation = last
+        committed = (*step.acceptance.accepted_tokens, step.acceptance.bonus_token)
+        for i in range(1, min(len(continuation), len(committed)) + 1):
+            hit = continuation[i - 1] == committed[i - 1]
             self._tried[m, i] += 1
-            self._accepted[m, i] += float(i <= accepted)
+            self._accepted[m, i] += float(hit)
+            if not hit:
+                break
 
 
 class NgramTrieDrafter(Drafter):

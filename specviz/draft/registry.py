@@ -27,6 +27,7 @@ from specviz.draft.adaptive import AdaptiveChainDrafter
 from specviz.draft.base import Drafter
 from specviz.draft.lookahead import JacobiDrafter, LookaheadDrafter
 from specviz.draft.fallback import FallbackDrafter
+from specviz.draft.switch import SwitchDrafter
 from specviz.draft.merged import MergedDrafter
 from specviz.draft.model import ChainDrafter, DynamicTreeDrafter, TreeDrafter
 from specviz.draft.ngram import AdaptiveNgramDrafter, NgramDrafter, NgramTrieDrafter
@@ -238,8 +239,23 @@ FALLBACK_DEFAULT = "ngram-n3-k4-min2+chain-k2"
 
 
 def _fallback(pair, a: dict[str, Any]) -> Drafter:
-    return FallbackDrafter(_part_drafters(pair, a["parts"] or FALLBACK_DEFAULT, "fallback", ("fallback", "merged"),
-                                          "cascades and merged trees do not nest in a cascade"))
+    return FallbackDrafter(_part_drafters(pair, a["parts"] or FALLBACK_DEFAULT, "fallback",
+                                          ("fallback", "merged", "switch"),
+                                          "composite strategies do not nest in a cascade"))
+
+
+#: the default parts of the ``switch`` strategy
+SWITCH_DEFAULT = "ngram-adaptive+chain-k2"
+
+
+def _switch(pair, a: dict[str, Any]) -> Drafter:
+    names = a["parts"] or SWITCH_DEFAULT
+    parts = _part_drafters(pair, names, "switch", ("fallback", "merged", "switch"),
+                           "composite strategies do not nest in a switch")
+    try:
+        return SwitchDrafter(parts)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"switch strategy parts {names!r}: {exc}") from None
 
 
 def heads_kinds(spec: MethodSpec) -> tuple[str, ...]:
@@ -302,6 +318,12 @@ STRATEGIES: tuple[Strategy, ...] = (
              "cascade: the first part that proposes anything drafts the step, later parts run only when the "
              "earlier ones are silent (default ngram-n3-k4-min2+chain-k2: the draft model only where prompt "
              "lookup finds no match of 2 tokens)", "topk", _fallback),
+    Strategy("switch", "switch[-<LOOKUP>+<CHAIN>]", r"switch(?:-([A-Za-z0-9-]+\+[A-Za-z0-9-]+))?",
+             (Param("parts", None, "word"),),
+             "each step, the adaptive prompt-lookup chain or the draft model's chain, whichever has the higher "
+             "expected tokens per unit of time from the acceptance and costs measured so far; the draft model "
+             "joins once the lookup has had nothing to propose twice (default ngram-adaptive+chain-k2)", "topk",
+             _switch),
     Strategy("jacobi", "jacobi[-k<K>]", r"jacobi(?:-k(\d+))?", (Param("k", 5),),
              "Jacobi decoding: a block of K guesses, last step's target predictions (default k5)", "topk",
              lambda pair, a: JacobiDrafter(k=a["k"])),
