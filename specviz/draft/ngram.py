@@ -260,18 +260,20 @@ class AdaptiveNgramDrafter(NgramDrafter):
     of ``m`` tokens is accepted given the ones before it were, and ``t(n)`` the time of a
     verification forward of ``n`` tokens.
 
-    ``a_m(i)`` is the mean of a Beta posterior counted from this sequence's own steps (the
-    prior ``Beta(prior_accepted, prior_rejected)``, by default 1 and 1: a half, optimistic
-    enough that every match length is tried). ``t(n)`` is either given (``costs``, e.g. the
+    ``a_m(i)`` is the mean of a Beta posterior counted from this sequence's steps, against
+    the tokens each step committed whether or not this drafter drafted it (:meth:`observe`;
+    the prior ``Beta(prior_accepted, prior_rejected)``, by default 1 and 1: a half,
+    optimistic enough that every match length is tried). ``t(n)`` is either given (``costs``, e.g. the
     benchmark's measured cost curve, for reproducible runs) or measured online from the
     steps' verification wall times (the median of the latest per tree size; a sequence's
     first step, which may carry a first forward's one-off setup, is left out); sizes not
     measured yet are interpolated from the measured ones, with ``prior_slope`` (the extra
-    cost of each more token, relative to a plain step) before two sizes are known. Greedy output is
-    unchanged; only the drafts differ. A replay (:func:`specviz.decode.replay_acceptance`)
-    times nothing, so there the costs stay at the prior: give ``costs`` for a replay that
-    drafts as a live run would. After each draft, :attr:`last_worth` holds the chosen
-    chain's ``E(k) / C(k)`` (1.0 when it proposes nothing).
+    cost of each more token, relative to a plain step) before two sizes are known. Greedy
+    output is unchanged; only the drafts differ. A replay
+    (:func:`specviz.decode.replay_acceptance`) times nothing, so there the costs stay at
+    the prior: give ``costs`` for a replay that drafts as a live run would. After each
+    draft, :attr:`last_worth` holds the chosen chain's ``E(k) / C(k)`` (1.0 when it
+    proposes nothing).
 
     Args:
         n, min_n: longest and shortest n-gram tried (as :class:`NgramDrafter`).

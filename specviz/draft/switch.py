@@ -39,11 +39,14 @@ class SwitchDrafter(CompositeDrafter):
       acceptance per match length (:meth:`AdaptiveNgramDrafter.choose_length`); its
       worth is that value, and 1.0 (a plain step) when it finds no match;
     * the model chain of ``k`` tokens is worth ``(1 + sum_{i<=k} a_1 ... a_i) / (C(k + 1)
-      + k r)``, where ``a_i`` is the acceptance of its ``i``-th token (a Beta posterior
-      counted from this sequence's model steps, prior ``Beta(prior_accepted,
-      prior_rejected)``) and ``r`` a draft forward's time over a plain step's
-      (``draft_cost``, or the median of a draft forward's measured times on its latest
-      steps over the lookup part's estimate of ``t(1)``; 0.5 until measured).
+      + (C(n) + k - 1) r)``, where ``a_i`` is the acceptance of its ``i``-th token (a Beta
+      posterior counted from this sequence's model steps, prior ``Beta(prior_accepted,
+      prior_rejected)``), ``n`` the tokens its first forward must feed (those committed
+      since the draft model last ran: after lookup steps its catch-up costs more, priced
+      with the target's curve standing in for the draft's) and ``r`` a one-token draft
+      forward's time over a plain step's (``draft_cost``, or the median of its measured
+      times on the latest model steps over the lookup part's estimate of ``t(1)``; 0.5
+      until measured).
 
     The model drafts when its worth is higher than the lookup's and than 1.0; otherwise
     the lookup's chain is the draft (the root alone when it proposes nothing). Two
