@@ -25,8 +25,8 @@ def _switch(pair, **kwargs):
 def _step(tree, accepted, draft_s=0.0, verify_s=0.1, bonus=0):
     """The fields of a StepTrace the switch and its parts read: ``accepted`` draft tokens
     of the chain ``tree`` accepted, then ``bonus``."""
-    acceptance = types.SimpleNamespace(n_accepted=accepted, accepted_tokens=tuple(tree.tokens[1:1 + accepted].tolist()),
-                                       bonus_token=bonus)
+    accepted_tokens = tuple(tree.tokens[1:1 + accepted].tolist())
+    acceptance = types.SimpleNamespace(n_accepted=accepted, accepted_tokens=accepted_tokens, bonus_token=bonus)
     return types.SimpleNamespace(tree=tree, acceptance=acceptance, draft_time_s=draft_s, verify_time_s=verify_s)
 
 
