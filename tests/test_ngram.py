@@ -272,9 +272,11 @@ def test_trie_rejects_bad_arguments(kwargs, error):
 
 class _Step:
     """The fields of a StepTrace that AdaptiveNgramDrafter.observe reads: the tree's size,
-    the accepted tokens and the bonus token (the step commits both), the verification time."""
+    the accepted tokens and the bonus token (the step commits both), the verification time
+    and the step's index in its sequence."""
 
-    def __init__(self, n_nodes, accepted, verify_s, bonus=0):
+    def __init__(self, n_nodes, accepted, verify_s, bonus=0, step=1):
+        self.step = step
         self.tree = DraftTree.from_lists(list(range(n_nodes)), list(range(-1, n_nodes - 1)))
         self.acceptance = type("A", (), {"n_accepted": len(accepted), "accepted_tokens": tuple(accepted),
                                          "bonus_token": bonus})()
@@ -355,9 +357,7 @@ def test_adaptive_length_learns_acceptance_per_match_length_and_costs_online():
     for t in (0.1, 5.0, 0.1, 0.1):
         d.observe(_Step(1, [], t))
     assert d.verify_time(1) == 0.1 and d.plain_step_time() == 0.1
-    first = _Step(4, [], 9.0)
-    first.step = 0
-    d.observe(first)
+    d.observe(_Step(4, [], 9.0, step=0))
     assert d.verify_time(4) is None
     # two measured sizes: the size between them is interpolated
     d2 = AdaptiveNgramDrafter(n=2, k_max=3)

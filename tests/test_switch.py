@@ -27,7 +27,8 @@ def _step(tree, accepted, draft_s=0.0, verify_s=0.1, bonus=0):
     of the chain ``tree`` accepted, then ``bonus``."""
     accepted_tokens = tuple(tree.tokens[1:1 + accepted].tolist())
     acceptance = types.SimpleNamespace(n_accepted=accepted, accepted_tokens=accepted_tokens, bonus_token=bonus)
-    return types.SimpleNamespace(tree=tree, acceptance=acceptance, draft_time_s=draft_s, verify_time_s=verify_s)
+    return types.SimpleNamespace(step=1, tree=tree, acceptance=acceptance, draft_time_s=draft_s,
+                                 verify_time_s=verify_s)
 
 
 def test_output_is_the_targets_and_both_parts_draft(tiny_pair):

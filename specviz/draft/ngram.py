@@ -419,7 +419,7 @@ class AdaptiveNgramDrafter(NgramDrafter):
         the token is accepted. So a short chain learns whether a longer one would have
         paid."""
         size = step.tree.n_nodes
-        if step.verify_time_s > 0 and getattr(step, "step", None) != 0:
+        if step.verify_time_s > 0 and step.step != 0:
             samples = self._time.setdefault(size, [])
             samples.append(step.verify_time_s)
             del samples[:-self.time_samples]

@@ -26,6 +26,15 @@ from specviz.sampling import require_deterministic_siblings
 __all__ = ["SwitchDrafter"]
 
 
+def _cost_at(costs: list[float], n: int) -> float:
+    """``C(n)`` from a curve ``C(1) .. C(m)`` (the lookup part's
+    :meth:`~specviz.draft.ngram.AdaptiveNgramDrafter.relative_costs`), extended linearly
+    past its largest size."""
+    if n <= len(costs):
+        return costs[n - 1]
+    return costs[-1] + (costs[-1] - costs[-2]) * (n - len(costs))
+
+
 class SwitchDrafter(CompositeDrafter):
     """Each step, the adaptive prompt-lookup chain or the draft model's chain, whichever
     has the higher expected throughput.
@@ -155,13 +164,6 @@ class SwitchDrafter(CompositeDrafter):
             return self.draft_cost_prior
         return statistics.median_low(self._forward_times) / plain
 
-    def _relative_cost(self, n: int) -> float:
-        """``C(n)`` from the lookup part's curve, extended linearly past its largest size."""
-        costs = self.lookup.relative_costs()  # C(1) .. C(k_max + 1)
-        if n <= len(costs):
-            return costs[n - 1]
-        return costs[-1] + (costs[-1] - costs[-2]) * (n - len(costs))
-
     def _catch_up(self, context_len: int) -> int:
         """Tokens the draft model's first forward of a step would feed: those committed
         since it last read the context (at least the root)."""
@@ -178,8 +180,9 @@ class SwitchDrafter(CompositeDrafter):
         for i in range(1, k + 1):
             reach *= rate[i]
             expected += reach
-        drafting = self._relative_cost(catch_up) + (k - 1)  # in one-token draft forwards
-        return expected / (self._relative_cost(k + 1) + drafting * self.draft_ratio())
+        costs = self.lookup.relative_costs()
+        drafting = _cost_at(costs, catch_up) + (k - 1)  # in one-token draft forwards
+        return expected / (_cost_at(costs, k + 1) + drafting * self.draft_ratio())
 
     def draft_steps(self, context, config, sibling_sampling, generator):
         require_deterministic_siblings("a switch between drafters", config, sibling_sampling)
@@ -220,7 +223,8 @@ class SwitchDrafter(CompositeDrafter):
         self._model_steps += 1
         if self._model_steps > 1 and drafted and step.draft_time_s > 0:
             # the first model step also fed the draft model the prompt: not a drafting step's cost
-            forwards = self._relative_cost(self._last_catch_up) + (drafted - 1)  # in one-token forwards
+            catch_up = _cost_at(self.lookup.relative_costs(), self._last_catch_up)
+            forwards = catch_up + (drafted - 1)  # in one-token draft forwards
             self._forward_times.append(step.draft_time_s / forwards)
             del self._forward_times[:-self.lookup.time_samples]
 
