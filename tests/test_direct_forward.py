@@ -199,3 +199,42 @@ def test_layers_with_other_modules_run_in_python():
     cache = _prefilled(model, ids)()
     ref = forward_tokens(model, cache, tokens, positions, allowed, attention="sdpa")
     assert torch.equal(ref, ours[0])
+
+
+def test_cache_appends_in_place_with_the_concatenations_values(monkeypatch):
+    """New slots go into spare room behind the old ones (no copy of the cache per forward),
+    also after a crop or a compaction narrowed it, and every logit and cache entry is the one
+    transformers' concatenating update gives."""
+    model = tiny_model(seed=3).model
+    ids = torch.randint(0, 200, (1, 70))
+    monkeypatch.setattr(kv, "APPEND_FROM", 20)  # the first 19 slots concatenate, the rest append
+
+    def run(use_buffers):
+        if not use_buffers:
+            monkeypatch.setattr(kv, "_append", lambda cache, k, v, i: cache.update(k, v, i))
+        cache, logits, pointers = new_cache(model), [], []
+        # a one-token prefill, then decoding steps, a crop, a tree-like masked forward and a compaction
+        for pos in range(60):
+            logits.append(forward_tokens(model, cache, ids[:, pos:pos + 1], torch.tensor([[pos]]), None))
+            pointers.append(cache.layers[0].keys.data_ptr())
+        kv.crop_cache(cache, 55)
+        allowed = torch.ones(1, 3, 58, dtype=torch.bool)
+        allowed[0, 1, 56] = allowed[0, 2, 56] = allowed[0, 2, 57] = False  # three siblings
+        logits.append(forward_tokens(model, cache, ids[:, 55:58], torch.tensor([[55, 55, 55]]), allowed))
+        pointers.append(cache.layers[0].keys.data_ptr())
+        kv.compact_cache(cache, [55], [[57]], 56)
+        logits.append(forward_tokens(model, cache, ids[:, 60:61], torch.tensor([[56]]), None))
+        pointers.append(cache.layers[0].keys.data_ptr())
+        monkeypatch.undo()
+        monkeypatch.setitem(kv.__dict__, "_supported_original", kv._direct_forward_supported)
+        monkeypatch.setattr(kv, "APPEND_FROM", 20)
+        return logits, cache, pointers
+
+    reference, ref_cache, ref_ptrs = run(False)
+    logits, cache, ptrs = run(True)
+    assert all(torch.equal(a, b) for a, b in zip(reference, logits))
+    for a, b in zip(ref_cache.layers, cache.layers):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+    assert len(set(ref_ptrs)) > 10  # the concatenation copies on every forward (freed blocks get reused)
+    assert len(set(ptrs[19:])) <= 2  # from 20 slots: a buffer with 64 slots of room, grown once at most
+    assert ptrs[-1] == ptrs[-3]  # the crop and the compaction kept writing into the same buffer

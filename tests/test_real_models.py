@@ -39,6 +39,8 @@ MAX_NEW = 24
 
 DRAFTERS = {
     "chain4": lambda p: ChainDrafter(p.draft, 4),
+    # the draft scoring its ranking's 32,768 most frequent tokens plus the sequence's (batched rows: one head each)
+    "chain3_vocab": lambda p: ChainDrafter(p.draft, 3, vocab=32768),
     "tree221": lambda p: TreeDrafter(p.draft, expansion([2, 2, 1])),
     "dynamic": lambda p: DynamicTreeDrafter(p.draft, topk=4, depth=4, budget=12),
     "adaptive": lambda p: AdaptiveChainDrafter(p.draft, "throughput"),

@@ -75,7 +75,8 @@ def test_parsed_parameters_and_defaults():
     spec = parse_strategy("dynamic-k2-d3-n6")
     assert spec.params == (("topk", 2), ("depth", 3), ("budget", 6))
     assert parse_strategy("dynamic").params == ()
-    assert parse_strategy("dynamic").arguments() == {"topk": 4, "depth": 5, "budget": 16}
+    assert parse_strategy("dynamic").arguments() == {"topk": 4, "depth": 5, "budget": 16, "vocab": None}
+    assert parse_strategy("dynamic-k2-d3-n6-v512").params == (("topk", 2), ("depth", 3), ("budget", 6), ("vocab", 512))
     assert parse_strategy("tree-2x2x1").params == (("branching", (2, 2, 1)),)
     assert parse_strategy("adaptive-heuristic").param("schedule") == "heuristic"
     assert parse_strategy("self-spec").arguments() == {"n_layers": None, "k": 4}

@@ -44,6 +44,7 @@ from specviz.draft.adaptive import AdaptiveChainDrafter
 from specviz.draft.base import Drafter
 from specviz.draft.model import ChainDrafter, TreeDrafter
 from specviz.draft.registry import build_drafter
+from specviz.draft.vocab import draft_vocabulary
 from specviz.metrics.acceptance import summarize
 from specviz.models.loading import LoadedModel, ModelPair
 from specviz.study.store import ResultStore
@@ -67,13 +68,25 @@ __all__ = [
 SPARSE_TREE = from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0)])
 
 
+#: the reduced draft vocabulary the checks run (``chain-k2-v32768``)
+REDUCED_VOCAB = 32768
+
+
 def default_drafters(pair: ModelPair) -> list[Drafter]:
     """One drafter of every kind, with the shapes the checks use (by registry name, plus the
-    sparse tree, which no name spells)."""
+    sparse tree, which no name spells). A chain with a reduced draft vocabulary
+    (:mod:`specviz.draft.vocab`) joins them where the draft's vocabulary is larger than
+    :data:`REDUCED_VOCAB` and a token ranking for its tokenizer is found."""
     # without trained exits a truncated target only agrees with itself when few layers are cut
     self_spec = f"self-spec-L{pair.target.model.config.num_hidden_layers - 4}-k3"
     names = ["chain-k4", "tree-2x2x1", "dynamic-k4-d5-n16", "adaptive-heuristic", "adaptive-throughput", self_spec,
              "ngram-n3-k5", "ngram-trie-n3-d5-b16", "merged", "switch", "jacobi-k5", "lookahead-w5-n4-g5"]
+    if pair.draft.vocab_size > REDUCED_VOCAB:
+        try:  # the reduced draft vocabulary, where a ranking for the draft's tokenizer exists
+            draft_vocabulary(pair.draft)
+            names.insert(1, f"chain-k2-v{REDUCED_VOCAB}")
+        except FileNotFoundError:
+            pass
     drafters = [build_drafter(name, pair) for name in names]
     drafters.insert(2, TreeDrafter(pair.draft, SPARSE_TREE))
     return drafters

@@ -10,6 +10,8 @@
 * :mod:`~specviz.draft.switch` - prompt lookup or a draft-model chain, whichever promises more each step;
 * :mod:`~specviz.draft.lookahead` - Jacobi and lookahead decoding: no draft model, guesses from the
   target's own outputs;
+* :mod:`~specviz.draft.vocab` - a draft vocabulary reduced to a ranking's most frequent tokens plus
+  the sequence's own (strategy names ending in ``-v<N>``);
 * :mod:`~specviz.draft.registry` - every strategy by name, built from a model pair.
 """
 
@@ -23,3 +25,4 @@ from specviz.draft.ngram import *  # noqa: F401,F403
 from specviz.draft.registry import *  # noqa: F401,F403
 from specviz.draft.self_spec import *  # noqa: F401,F403
 from specviz.draft.switch import *  # noqa: F401,F403
+from specviz.draft.vocab import *  # noqa: F401,F403

@@ -199,13 +199,20 @@ class DraftModelState:
 
     Args:
         model: the transformers causal LM that drafts.
+        head: what scores its last hidden states in place of its LM head: a
+            :class:`~specviz.draft.vocab.ReducedHead` (a reduced draft vocabulary, which
+            this state extends by every token of the sequence it drafts for), or None for
+            the model's own head.
     """
 
-    def __init__(self, model) -> None:
+    def __init__(self, model, head=None) -> None:
         self.model = model
+        self.head = head
         self.reset()
 
     def reset(self) -> None:
+        if self.head is not None:
+            self.head.reset()
         self.cache = new_cache(self.model)
         self.tokens: list[int] = []
         self._fed_tokens: list[int] = []
@@ -235,6 +242,12 @@ class DraftModelState:
             limit = min(len(old), len(context))
             while common < limit and old[common] == context[common]:
                 common += 1
+        if self.head is not None:  # the sequence's own tokens stay proposable
+            if common < len(old):
+                self.head.reset()
+                self.head.include(context)
+            else:
+                self.head.include(context[len(old):])
         # Feed at least the root: its logits are what the first depth is drafted from.
         common = min(common, len(context) - 1)
         crop_cache(self.cache, common)
@@ -306,6 +319,17 @@ def _own_mask(request: DraftForward) -> torch.Tensor:
     return torch.cat([torch.ones(n, s, dtype=torch.bool), torch.ones(n, n, dtype=torch.bool).tril()], dim=1)
 
 
+class _RowHeads:
+    """Each batch row's logits from its own sequence's head (its reduced vocabulary, or the
+    model's LM head where a state has none), so a row's logits are those it gets alone."""
+
+    def __init__(self, model, heads) -> None:
+        self.heads = [model.lm_head if h is None else h for h in heads]
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:  # (B, N, E) -> (B, N, V)
+        return torch.cat([head(hidden[b:b + 1]) for b, head in enumerate(self.heads)])
+
+
 def run_draft_forwards(requests: Sequence[DraftForward]) -> list[torch.Tensor]:
     """Serve draft-model forward requests, one batched forward per draft model.
 
@@ -322,12 +346,12 @@ def run_draft_forwards(requests: Sequence[DraftForward]) -> list[torch.Tensor]:
     for i, r in enumerate(requests):
         groups.setdefault(id(r.state.model), []).append(i)
     for idx in groups.values():
-        model = requests[idx[0]].state.model
+        model, head = requests[idx[0]].state.model, requests[idx[0]].state.head
         if len(idx) == 1:
             r = requests[idx[0]]
             allowed = None if r.allowed is None else r.allowed[None]
             logits = forward_tokens(model, r.state.cache, torch.tensor([r.tokens]), torch.tensor([r.positions]),
-                                    allowed, logits_to_keep=1 if r.last_only else 0)  # (1, n or 1, V)
+                                    allowed, logits_to_keep=1 if r.last_only else 0, head=head)  # (1, n or 1, V)
             out[idx[0]] = logits[0]
             continue
         rows = [requests[i] for i in idx]
@@ -349,7 +373,9 @@ def run_draft_forwards(requests: Sequence[DraftForward]) -> list[torch.Tensor]:
             pad = torch.arange(n, nmax)
             allowed[b, pad, smax + pad] = True  # padding rows see only themselves
         batched = stack_caches(model, caches)
-        logits = forward_tokens(model, batched, tokens, positions, allowed)  # (B, nmax, V)
+        heads = [r.state.head for r in rows]
+        logits = forward_tokens(model, batched, tokens, positions, allowed,  # (B, nmax, V)
+                                head=None if all(h is None for h in heads) else _RowHeads(model, heads))
         split_cache(batched, caches, lengths, smax, counts)
         for b, i in enumerate(idx):
             out[i] = logits[b, counts[b] - 1:counts[b]] if rows[b].last_only else logits[b, :counts[b]]

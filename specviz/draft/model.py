@@ -20,6 +20,8 @@ n = nodes fed in one forward, k = top-k candidates per frontier node.
 
 from __future__ import annotations
 
+import copy
+
 import math
 from abc import abstractmethod
 from typing import Generator, Sequence
@@ -79,10 +81,21 @@ def choose_children(logits: torch.Tensor, dist: torch.Tensor, ranks: Sequence[in
 
 class ModelDrafter(Drafter):
     """Shared plumbing of drafters that run a draft model with a :class:`DraftModelState`:
-    subclasses write :meth:`draft_steps`, and :meth:`draft` serves its requests."""
+    subclasses write :meth:`draft_steps`, and :meth:`draft` serves its requests.
 
-    def __init__(self, draft) -> None:
+    ``vocab=N`` drafts with a reduced vocabulary: the draft model's LM head scores only the
+    ``N`` most frequent tokens of its ranking plus the tokens of the sequence
+    (:mod:`specviz.draft.vocab`); the others are never proposed. None scores all."""
+
+    def __init__(self, draft, vocab: int | None = None) -> None:
         self.draft_model = draft
+        self.vocab = vocab
+        self._head = None
+        if vocab is not None:
+            from specviz.draft.vocab import reduced_head
+
+            self._head = reduced_head(draft, vocab)
+            self.name = f"{self.name[:-1]},v={vocab})" if getattr(self, "name", "").endswith(")") else self.name
         self.reset()
 
     def draft(self, context, config, sibling_sampling, generator) -> DraftTree:
@@ -93,7 +106,15 @@ class ModelDrafter(Drafter):
         """See :meth:`Drafter.draft_steps`."""
 
     def reset(self) -> None:
-        self.state = DraftModelState(self.draft_model.model)
+        self.state = DraftModelState(self.draft_model.model, head=self._head)
+
+    def spawn(self) -> "ModelDrafter":
+        clone = super().spawn() if self._head is None else None
+        if clone is None:  # a reduced vocabulary: the sequence's own tokens are per copy
+            clone = copy.copy(self)
+            clone._head = self._head.fresh()
+            clone.reset()
+        return clone
 
     @property
     def tokenizers(self) -> tuple:
@@ -136,14 +157,15 @@ class TreeDrafter(ModelDrafter):
     Args:
         draft: the draft :class:`~specviz.models.LoadedModel`.
         shape: a :class:`~specviz.tree.shapes.TreeShape`.
+        vocab: score only this many tokens plus the sequence's own (see :class:`ModelDrafter`).
     """
 
-    def __init__(self, draft, shape: TreeShape) -> None:
+    def __init__(self, draft, shape: TreeShape, vocab: int | None = None) -> None:
         if not isinstance(shape, TreeShape):
             raise TypeError(f"shape must be a specviz.tree.shapes.TreeShape, got {type(shape).__name__}")
         self.shape = shape
         self.name = f"tree(n={shape.budget},d={shape.depth})"
-        super().__init__(draft)
+        super().__init__(draft, vocab)
 
     def draft_steps(self, context, config, sibling_sampling, generator):
         check_sibling_sampling(sibling_sampling)
@@ -200,13 +222,14 @@ class ChainDrafter(TreeDrafter):
     Args:
         draft: the draft :class:`~specviz.models.LoadedModel`.
         k: chain length (draft tokens per step).
+        vocab: score only this many tokens plus the sequence's own (see :class:`ModelDrafter`).
     """
 
-    def __init__(self, draft, k: int = 4) -> None:
+    def __init__(self, draft, k: int = 4, vocab: int | None = None) -> None:
         check_int("k", k)
-        super().__init__(draft, chain(k))
+        super().__init__(draft, chain(k), vocab)
         self.k = k
-        self.name = f"chain(k={k})"
+        self.name = f"chain(k={k})" if vocab is None else f"chain(k={k},v={vocab})"
 
 
 class DynamicTreeDrafter(ModelDrafter):
@@ -226,14 +249,15 @@ class DynamicTreeDrafter(ModelDrafter):
         topk: children per frontier node and frontier width.
         depth: tree depth (draft forwards per step, the sync included).
         budget: draft nodes kept after reranking.
+        vocab: score only this many tokens plus the sequence's own (see :class:`ModelDrafter`).
     """
 
-    def __init__(self, draft, topk: int = 4, depth: int = 5, budget: int = 16) -> None:
+    def __init__(self, draft, topk: int = 4, depth: int = 5, budget: int = 16, vocab: int | None = None) -> None:
         for name, value in (("topk", topk), ("depth", depth), ("budget", budget)):
             check_int(name, value)
         self.topk, self.depth, self.budget = topk, depth, budget
         self.name = f"dynamic(k={topk},d={depth},n={budget})"
-        super().__init__(draft)
+        super().__init__(draft, vocab)
 
     def draft_steps(self, context, config, sibling_sampling, generator):
         require_deterministic_siblings(self.name, config, sibling_sampling)

@@ -170,8 +170,8 @@ class MethodSpec:
 
 def _tree(pair, a: dict[str, Any]) -> Drafter:
     if a["branching"] is not None:
-        return TreeDrafter(pair.draft, expansion(list(a["branching"])))
-    return TreeDrafter(pair.draft, budgeted_kary(a["width"], a["depth"], a["budget"]))
+        return TreeDrafter(pair.draft, expansion(list(a["branching"])), vocab=a["vocab"])
+    return TreeDrafter(pair.draft, budgeted_kary(a["width"], a["depth"], a["budget"]), vocab=a["vocab"])
 
 
 def _medusa(pair, a: dict[str, Any]) -> Drafter:
@@ -277,17 +277,21 @@ def _self_spec(pair, a: dict[str, Any]) -> Drafter:
 
 #: every drafting strategy, in the order ``--list-methods`` shows them
 STRATEGIES: tuple[Strategy, ...] = (
-    Strategy("chain", "chain-k<K>", r"chain-k(\d+)", (Param("k"),), "draft-model chain of K tokens",
-             "chain", lambda pair, a: ChainDrafter(pair.draft, a["k"])),
-    Strategy("tree", "tree-<B1>x<B2>x... | tree-k<W>-d<D>-n<N>",
-             r"tree-(?:(\d+(?:x\d+)*)|k(\d+)-d(\d+)-n(\d+))",
-             (Param("branching", kind="ints"), Param("width"), Param("depth"), Param("budget")),
+    Strategy("chain", "chain-k<K>[-v<N>]", r"chain-k(\d+)(?:-v(\d+))?", (Param("k"), Param("vocab")),
+             "draft-model chain of K tokens; -v<N>: the draft scores only the N most frequent tokens of its ranking "
+             "plus the sequence's own (specviz.draft.vocab)",
+             "chain", lambda pair, a: ChainDrafter(pair.draft, a["k"], vocab=a["vocab"])),
+    Strategy("tree", "tree-<B1>x<B2>x... | tree-k<W>-d<D>-n<N>, then [-v<V>]",
+             r"tree-(?:(\d+(?:x\d+)*)|k(\d+)-d(\d+)-n(\d+))(?:-v(\d+))?",
+             (Param("branching", kind="ints"), Param("width"), Param("depth"), Param("budget"), Param("vocab")),
              "static draft-model tree: branching B1 at depth 1, B2 at depth 2, ...; or the first N nodes, "
-             "breadth first, of the W-ary tree of depth D", "topk", _tree),
-    Strategy("dynamic", "dynamic[-k<TOPK>-d<DEPTH>-n<BUDGET>]", r"dynamic(?:-k(\d+)-d(\d+)-n(\d+))?",
-             (Param("topk", 4), Param("depth", 5), Param("budget", 16)),
-             "EAGLE-2 dynamic tree (default k4-d5-n16)", "topk",
-             lambda pair, a: DynamicTreeDrafter(pair.draft, topk=a["topk"], depth=a["depth"], budget=a["budget"])),
+             "breadth first, of the W-ary tree of depth D; -v<V>: a reduced draft vocabulary as for chain", "topk",
+             _tree),
+    Strategy("dynamic", "dynamic[-k<TOPK>-d<DEPTH>-n<BUDGET>][-v<N>]", r"dynamic(?:-k(\d+)-d(\d+)-n(\d+))?(?:-v(\d+))?",
+             (Param("topk", 4), Param("depth", 5), Param("budget", 16), Param("vocab")),
+             "EAGLE-2 dynamic tree (default k4-d5-n16); -v<N>: a reduced draft vocabulary as for chain", "topk",
+             lambda pair, a: DynamicTreeDrafter(pair.draft, topk=a["topk"], depth=a["depth"], budget=a["budget"],
+                                                vocab=a["vocab"])),
     Strategy("adaptive", "adaptive[-throughput|-heuristic]", r"adaptive(?:-(throughput|heuristic))?",
              (Param("schedule", "throughput", "word"),),
              "draft-model chain of adaptive length (default throughput rule)", "chain",

@@ -372,14 +372,80 @@ def _layer_programs(model, layers, rotary, h, cos_sin):
     return programs
 
 
+#: spare slots a cache layer's buffer gets beyond what it holds when it grows: a share of
+#: its length, and at least this many
+APPEND_SLACK = 64
+#: a layer shorter than this many slots concatenates as transformers does (a copy of a few
+#: hundred slots costs less than the buffer's checks and views: 6 against 10 microseconds at
+#: 200 slots of the built-in draft); from this length on it appends into a buffer
+APPEND_FROM = 256
+
+
+def _append_slots(layer, name: str, new: torch.Tensor) -> torch.Tensor:
+    """``layer.<name>`` with ``new`` appended along the slot axis, written in place into
+    spare room behind it where it has some.
+
+    transformers' ``DynamicLayer.update`` concatenates, which copies every slot the layer
+    holds on every forward, a cost that grows with the context: a one-token forward of the
+    built-in draft (``w8a8-token``, 2 threads) after 1,500 slots measured 38.7 ms with
+    concatenation and 34.6 ms with this. Here a layer's keys and values live at the
+    front of a larger buffer: while the current tensor is that buffer's leading slots (as
+    it stays after :func:`crop_cache` and :func:`compact_cache`, which narrow it) and the
+    new slots fit, they are written into the buffer and the tensor becomes a longer view
+    of it. Otherwise (the first forward, a tensor from transformers' own update or from
+    :func:`select_rows` / :func:`split_cache`, a full buffer) a new buffer with room for
+    ``max(APPEND_SLACK, length / 2)`` more slots is allocated and filled once. Below
+    :data:`APPEND_FROM` slots the layer concatenates as transformers does. The values
+    are the concatenation's, bit for bit; slots beyond a narrowed tensor are stale and
+    get overwritten, which nothing reads (a cache's valid region is its tensors' length).
+    """
+    old = getattr(layer, name)  # (B, H, S, D)
+    buffers = layer.__dict__.get("_specviz_buffers")
+    if buffers is None:
+        buffers = layer._specviz_buffers = {}
+    buf = buffers.get(name)
+    n = new.shape[2]
+    held = old.shape[2] if old.dim() == 4 else 0
+    if (buf is not None and held and held + n <= buf.shape[2] and old.data_ptr() == buf.data_ptr()
+            and new.dtype is buf.dtype and old.stride() == buf.stride() and old.shape[:2] == new.shape[:2]
+            and new.device == buf.device):
+        buf.narrow(2, held, n).copy_(new)
+        return buf.narrow(2, 0, held + n)
+    total = held + n
+    if total < APPEND_FROM:  # short: a concatenation costs less than the buffer's bookkeeping
+        buffers.pop(name, None)
+        return torch.cat([old, new], dim=-2)
+    buf = new.new_empty((*new.shape[:2], total + max(APPEND_SLACK, total // 2), new.shape[3]))
+    if held:
+        buf.narrow(2, 0, held).copy_(old)
+    buf.narrow(2, held, n).copy_(new)
+    buffers[name] = buf
+    return buf.narrow(2, 0, total)
+
+
+def _append(cache: DynamicCache, k: torch.Tensor, v: torch.Tensor, index: int):
+    """``cache.update(k, v, index)`` for a full-attention ``DynamicLayer``, appending in
+    place where the layer has room (:func:`_append_slots`); ``(keys, values)``."""
+    layer = cache.layers[index]
+    if type(layer).__name__ != "DynamicLayer":
+        return cache.update(k, v, index)
+    if not layer.is_initialized:
+        layer.lazy_initialization(k, v)
+    layer.keys = _append_slots(layer, "keys", k)
+    layer.values = _append_slots(layer, "values", v)
+    return layer.keys, layer.values
+
+
 def _direct_forward(model, cache: DynamicCache, tokens: torch.Tensor, position_ids: torch.Tensor,
-                    mask: torch.Tensor | None, logits_to_keep: int, extra: dict, hidden: bool):
+                    mask: torch.Tensor | None, logits_to_keep: int, extra: dict, hidden: bool, head=None):
     """The decoder of a :data:`DIRECT_FORWARD_CLASSES` model run layer by layer: the
     modules its own forward calls (embedding, rotary embedding, norms, projections, MLP,
-    LM head), the same cache update and the same attention function with the same
+    LM head), the same cache contents and the same attention function with the same
     arguments, in the same order, so the logits are bitwise those of ``model(...)``.
     What it skips is the plumbing around them (mask construction, output records, the
-    decoder layers' and attention modules' own calls), a few milliseconds per forward. On
+    decoder layers' and attention modules' own calls), a few milliseconds per forward,
+    and the cache's copy of every slot on every forward (new slots are written into spare
+    room behind the old ones, :func:`_append_slots`). On
     a CPU the layers' halves before and after attention run as TorchScript programs of the
     same operators (:func:`_layer_programs`).
 
@@ -404,19 +470,19 @@ def _direct_forward(model, cache: DynamicCache, tokens: torch.Tensor, position_i
     for layer, (before, after) in zip(layers, halves):
         attn = layer.self_attn
         q, k, v = before(h, *cos_sin)
-        k, v = cache.update(k, v, attn.layer_idx)
+        k, v = _append(cache, k, v, attn.layer_idx)
         out, _ = attend(attn, q, k, v, mask, dropout=0.0, scaling=attn.scaling, **sliding,
                         position_ids=position_ids, use_cache=True, **extra)
         h = after(h, out)
     h = decoder.norm(h)
     kept = h[:, slice(-logits_to_keep, None), :]
-    return model.lm_head(kept), (h if hidden else None)
+    return (model.lm_head if head is None else head)(kept), (h if hidden else None)
 
 
 @torch.no_grad()
 def forward_tokens(model, cache: DynamicCache, tokens: torch.Tensor, position_ids: torch.Tensor,
                    allowed: torch.Tensor | None, logits_to_keep: int = 0, *,
-                   attention: str = "specviz", hidden: bool = False):
+                   attention: str = "specviz", hidden: bool = False, head=None):
     """Run ``model`` on new ``tokens`` after the cached slots; the cache grows by N.
 
     Args:
@@ -438,6 +504,10 @@ def forward_tokens(model, cache: DynamicCache, tokens: torch.Tensor, position_id
         hidden: also return the model's last hidden states at every new token (the
             output of its final norm, the input of its LM head), whatever
             ``logits_to_keep`` is.
+        head: what computes the logits from the last hidden states instead of the
+            model's LM head (a draft's :class:`~specviz.draft.vocab.ReducedHead`). A
+            forward that runs ``model(...)`` (below) computes its own head's logits for the
+            kept positions as well, and returns ``head``'s.
 
     The inputs may be on the CPU: they go to the model's device, and the logits come back
     to the CPU (which waits for the device, so a timed forward is synchronised).
@@ -467,6 +537,14 @@ def forward_tokens(model, cache: DynamicCache, tokens: torch.Tensor, position_id
                          f"got {tuple(allowed.shape)}")
     device = model_device(model)
     direct = attention != "sdpa" and (allowed is not None or n == 1) and _direct_forward_supported(model)
+    if head is not None and not direct:  # model(...) runs its own head; ``head`` scores its hidden states
+        with _capture_hidden(model) as captured:
+            forward_tokens(model, cache, tokens, position_ids, allowed, logits_to_keep or n, attention=attention)
+        if len(captured) != 1:
+            raise RuntimeError(f"expected one decoder forward, saw {len(captured)}")
+        last = captured[0]  # (B, N, E) on the model's device
+        logits = head(last[:, -(logits_to_keep or n):]).float().cpu()
+        return (logits, last.float().cpu()) if hidden else logits
     if hidden and not direct:
         with _capture_hidden(model) as captured:
             logits = forward_tokens(model, cache, tokens, position_ids, allowed, logits_to_keep, attention=attention)
@@ -480,12 +558,13 @@ def forward_tokens(model, cache: DynamicCache, tokens: torch.Tensor, position_id
         extra[SHARED_KEYS_KWARG] = int(allowed[:, :, :s].all(dim=1).all(dim=0).cumprod(0).sum())
     if direct:
         if allowed is None:
-            logits, last = _direct_forward(model, cache, tokens, position_ids, None, logits_to_keep, extra, hidden)
+            logits, last = _direct_forward(model, cache, tokens, position_ids, None, logits_to_keep, extra, hidden,
+                                           head)
         else:
             mask = additive_mask(to_device(allowed, device), model.dtype)
             with attention_implementation(model, SPECVIZ_ATTENTION):
                 logits, last = _direct_forward(model, cache, tokens, position_ids, mask, logits_to_keep, extra,
-                                               hidden)
+                                               hidden, head)
         logits = logits.float().cpu()
         return (logits, last.float().cpu()) if hidden else logits
     inputs = dict(input_ids=tokens, position_ids=position_ids, past_key_values=cache, use_cache=True,
