@@ -7,9 +7,11 @@ from dataclasses import replace
 import pytest
 import torch
 
+from specviz.draft.fallback import FallbackDrafter
 from specviz.draft.model import ChainDrafter, DynamicTreeDrafter, TreeDrafter
 from specviz.draft.lookahead import LookaheadDrafter
 from specviz.draft.ngram import AdaptiveNgramDrafter, NgramTrieDrafter
+from specviz.draft.switch import SwitchDrafter
 from specviz.render.explorer import (
     STRATEGIES,
     Explorer,
@@ -77,14 +79,15 @@ def test_build_drafter_and_verifier(tiny_pair, tiny_heads, monkeypatch):
     monkeypatch.setenv(HEADS_ENV, tiny_heads)
     kinds = {"chain": ChainDrafter, "static shape": TreeDrafter, "dynamic": DynamicTreeDrafter,
              "n-gram": NgramTrieDrafter, "adaptive n-gram": AdaptiveNgramDrafter, "lookahead": LookaheadDrafter,
-             "medusa": MedusaDrafter, "eagle": EagleDrafter}
+             "cascade": FallbackDrafter, "switch": SwitchDrafter, "medusa": MedusaDrafter, "eagle": EagleDrafter}
     for strategy in STRATEGIES:
         assert isinstance(build_drafter(_settings(strategy=strategy), tiny_pair), kinds[strategy])
     names = {strategy: strategy_spec(_settings(strategy=strategy, width=3, depth=2, budget=5)).name
              for strategy in STRATEGIES}
     assert names == {"chain": "chain-k2", "static shape": "tree-k3-d2-n5", "dynamic": "dynamic-k3-d2-n5",
                      "n-gram": "ngram-trie-n3-d2-b5-m3", "adaptive n-gram": "ngram-adaptive-n3-k2",
-                     "lookahead": "lookahead-w3-n3-g5",
+                     "lookahead": "lookahead-w3-n3-g5", "cascade": "fallback-ngram-n3-k2-min3+chain-k2",
+                     "switch": "switch-ngram-adaptive-n3-k2+chain-k2",
                      "medusa": "medusa-k3-d2-n5", "eagle": "eagle-k3-d2-n5"}
     # budgets above what the tree can hold share one cache entry, as for the model-drafted trees
     assert _settings(strategy="medusa", width=2, depth=2, budget=50).canonical().budget == 6
@@ -426,7 +429,7 @@ def test_record_command_writes_and_resumes(tiny_pair, tiny_heads, tmp_path, monk
 
     monkeypatch.setenv(HEADS_ENV, tiny_heads)  # the medusa and eagle settings draft with them
     n = len(recording_settings("x = 1", 4))
-    assert n == 17
+    assert n == 19
     loads = []
     monkeypatch.setattr(explorer, "load_pair", lambda **kw: loads.append(kw) or tiny_pair)
     path = tmp_path / "rec.json.gz"

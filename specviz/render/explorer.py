@@ -10,7 +10,9 @@ watch the draft trees, their acceptance and the statistics follow.
 
 Controls: a prompt box, the strategy (chain / static shape / dynamic / n-gram / adaptive
 n-gram (prompt lookup whose chain length is chosen every step for expected throughput) /
-lookahead, and the trained heads: a Medusa tree and an EAGLE-2 tree, which draft with the heads
+cascade (prompt lookup where it finds a match, else the draft model's chain: ``fallback``) /
+switch (each step the lookup's or the draft model's chain, whichever promises more tokens
+per second) / lookahead, and the trained heads: a Medusa tree and an EAGLE-2 tree, which draft with the heads
 ``python -m specviz.heads train`` left in the specviz cache, or those ``$SPECVIZ_HEADS``
 names), tree width (top-k), depth and budget, temperature, and a step slider that scrubs through
 the generation's steps. Everything drawn comes from :mod:`specviz.render`, the same
@@ -102,6 +104,8 @@ _REGISTRY_NAMES: dict[str, Callable[["ExplorerSettings"], str]] = {
     "dynamic": lambda s: f"dynamic-k{s.width}-d{s.depth}-n{s.budget}",
     "n-gram": lambda s: f"ngram-trie-n3-d{s.depth}-b{s.budget}-m{s.width}",
     "adaptive n-gram": lambda s: f"ngram-adaptive-n{s.width}-k{s.depth}",
+    "cascade": lambda s: f"fallback-ngram-n{max(3, s.width)}-k{s.depth}-min{s.width}+chain-k{s.depth}",
+    "switch": lambda s: f"switch-ngram-adaptive-n{s.width}-k{s.depth}+chain-k{s.depth}",
     "lookahead": lambda s: f"lookahead-w{s.width}-n{s.depth + 1}-g{s.budget}",
     "medusa": lambda s: f"medusa-k{s.width}-d{s.depth}-n{s.budget}",
     "eagle": lambda s: f"eagle-k{s.width}-d{s.depth}-n{s.budget}",
@@ -110,10 +114,12 @@ _REGISTRY_NAMES: dict[str, Callable[["ExplorerSettings"], str]] = {
 _SLIDER_LABELS: dict[str, tuple[str, str, str]] = {
     "n-gram": ("matches", "depth", "budget"),
     "adaptive n-gram": ("match n", "max length", "budget"),
+    "cascade": ("min match", "length", "budget"),
+    "switch": ("match n", "length", "budget"),
     "lookahead": ("window W", "guess N-1", "guesses G"),
 }
 #: strategies that draft one chain of at most ``depth`` tokens and ignore the budget
-_CHAINS = ("chain", "adaptive n-gram")
+_CHAINS = ("chain", "adaptive n-gram", "cascade", "switch")
 #: strategy labels shown in the dropdown
 STRATEGIES: tuple[str, ...] = tuple(_REGISTRY_NAMES)
 #: model choices of :func:`explore`: recorded traces of the built-in pair, the random tiny
@@ -139,8 +145,10 @@ class ExplorerSettings:
         prompt: the user prompt (the chat template is applied).
         strategy: one of :data:`STRATEGIES`.
         width: top-k, children per node (static shape, dynamic, medusa, eagle), merged
-            matches (n-gram) or the window's width W (lookahead).
-        depth: draft depth (the chain length for "chain"; a guess's length N - 1 for lookahead).
+            matches (n-gram), the longest match n (adaptive n-gram, switch), the shortest
+            match prompt lookup drafts from (cascade) or the window's width W (lookahead).
+        depth: draft depth (the chain length for "chain", and for both parts of "cascade"
+            and "switch"; a guess's length N - 1 for lookahead).
         budget: maximum draft nodes per step (static shape, dynamic, n-gram) or guesses
             per step G (lookahead).
         temperature: 0 = greedy; > 0 samples, verified losslessly.
