@@ -83,6 +83,10 @@ def test_ranking_ids_fill_save_load_and_coverage(tiny_pair, tmp_path):
     (tmp_path / "bad.json").write_text('{"ranked": [1]}')
     with pytest.raises(ValueError, match="not a draft vocabulary ranking"):
         DraftVocabulary.load(tmp_path / "bad.json")
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        DraftVocabulary((3, 400), tiny_pair.draft.vocab_size, vocab.tokenizer, {})
+    with pytest.raises(ValueError, match="distinct"):
+        DraftVocabulary((3, 3), tiny_pair.draft.vocab_size, vocab.tokenizer, {})
     assert vocab.coverage([[7, 50, 3, 3]], 2) == 0.5
     assert vocab.coverage([[7, 50, 3, 3]], 5) == 0.5  # 3 is not among the five
     assert vocab.coverage([[]], 2) != vocab.coverage([[]], 2)  # nan
@@ -95,7 +99,7 @@ def test_draft_vocabulary_lookup_and_errors(tiny_pair, tmp_path, monkeypatch):
     vocab = _ranking(tiny_pair)
     path = vocab.save(tmp_path / "vocab" / f"draft-vocab-{vocab.tokenizer}.json")
     assert draft_vocabulary(tiny_pair.draft) == vocab
-    DraftVocabulary(vocab.ranked, 99, vocab.tokenizer, vocab.corpus).save(path)
+    DraftVocabulary((1, 2), 99, vocab.tokenizer, vocab.corpus).save(path)
     with pytest.raises(ValueError, match="ranks a vocabulary of 99"):
         draft_vocabulary(tiny_pair.draft)
     with pytest.raises(ValueError, match="another tokenizer"):

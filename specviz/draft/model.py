@@ -21,7 +21,6 @@ n = nodes fed in one forward, k = top-k candidates per frontier node.
 from __future__ import annotations
 
 import copy
-
 import math
 from abc import abstractmethod
 from typing import Generator, Sequence
@@ -109,11 +108,11 @@ class ModelDrafter(Drafter):
         self.state = DraftModelState(self.draft_model.model, head=self._head)
 
     def spawn(self) -> "ModelDrafter":
-        clone = super().spawn() if self._head is None else None
-        if clone is None:  # a reduced vocabulary: the sequence's own tokens are per copy
-            clone = copy.copy(self)
-            clone._head = self._head.fresh()
-            clone.reset()
+        if self._head is None:
+            return super().spawn()
+        clone = copy.copy(self)
+        clone._head = self._head.fresh()  # the fixed rows shared, the sequence's own tokens per copy
+        clone.reset()
         return clone
 
     @property

@@ -86,6 +86,14 @@ class DraftVocabulary:
     tokenizer: str
     corpus: dict
 
+    def __post_init__(self) -> None:
+        check_int("vocab_size", self.vocab_size)
+        outside = [t for t in self.ranked if not 0 <= t < self.vocab_size]
+        if outside:
+            raise ValueError(f"ranked token ids {outside[:5]} lie outside the vocabulary of {self.vocab_size}")
+        if len(set(self.ranked)) != len(self.ranked):
+            raise ValueError("ranked token ids must be distinct")
+
     def ids(self, n: int) -> torch.Tensor:
         """The ``n`` ids a head of ``n`` rows scores, sorted: the ``n`` most frequent of the
         corpus, then, when it has fewer distinct tokens, the smallest ids not taken yet (a
@@ -113,6 +121,7 @@ class DraftVocabulary:
         return float(inside[in_range].sum()) / tokens.numel()
 
     def save(self, path: str | os.PathLike) -> Path:
+        """Write the ranking as JSON to ``path`` (atomically); the path."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(path.suffix + ".tmp")
