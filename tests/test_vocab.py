@@ -44,7 +44,8 @@ def test_head_rows_are_bitwise_the_full_heads(kind):
     base = _linear()
     if kind in ("w8a8", "w8a8-token") and not _fbgemm_available():
         pytest.skip("no fbgemm")
-    head = {"linear": lambda: base, "wx": lambda: WxLinear.from_linear(base), "int8": lambda: Int8Linear.from_linear(base),
+    head = {"linear": lambda: base, "wx": lambda: WxLinear.from_linear(base),
+            "int8": lambda: Int8Linear.from_linear(base),
             "w8a8": lambda: W8A8Linear.from_linear(base, torch.rand(16) + 0.5),
             "w8a8-token": lambda: W8A8TokenLinear.from_linear(base, torch.rand(16) + 0.5)}[kind]()
     rows = torch.tensor([3, 0, 17, 39, 5])

@@ -388,11 +388,11 @@ def _append_slots(layer, name: str, new: torch.Tensor) -> torch.Tensor:
     transformers' ``DynamicLayer.update`` concatenates, which copies every slot the layer
     holds on every forward, a cost that grows with the context: one-token forwards in
     ``w8a8-token`` on 2 threads measured 44.2 ms with concatenation and 39.9 ms with this
-    for the built-in draft after 1,500 slots, 84.0 and 77.8 ms for the target after 800. Here a layer's keys and values live at the
-    front of a larger buffer: while the current tensor is that buffer's leading slots (as
-    it stays after :func:`crop_cache` and :func:`compact_cache`, which narrow it) and the
-    new slots fit, they are written into the buffer and the tensor becomes a longer view
-    of it. Otherwise (the first forward, a tensor from transformers' own update or from
+    for the built-in draft after 1,500 slots, 84.0 and 77.8 ms for the target after 800.
+    Here a layer's keys and values live at the front of a larger buffer: while the
+    current tensor is that buffer's leading slots (as it stays after :func:`crop_cache`
+    and :func:`compact_cache`, which narrow it) and the new slots fit, they are written
+    into the buffer and the tensor becomes a longer view of it. Otherwise (the first forward, a tensor from transformers' own update or from
     :func:`select_rows` / :func:`split_cache`, a full buffer) a new buffer with room for
     ``max(APPEND_SLACK, length / 2)`` more slots is allocated and filled once. Below
     :data:`APPEND_FROM` slots the layer concatenates as transformers does. The values
