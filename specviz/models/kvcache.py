@@ -392,8 +392,9 @@ def _append_slots(layer, name: str, new: torch.Tensor) -> torch.Tensor:
     Here a layer's keys and values live at the front of a larger buffer: while the
     current tensor is that buffer's leading slots (as it stays after :func:`crop_cache`
     and :func:`compact_cache`, which narrow it) and the new slots fit, they are written
-    into the buffer and the tensor becomes a longer view of it. Otherwise (the first forward, a tensor from transformers' own update or from
-    :func:`select_rows` / :func:`split_cache`, a full buffer) a new buffer with room for
+    into the buffer and the tensor becomes a longer view of it. Otherwise (the first
+    forward, a tensor from transformers' own update or from :func:`select_rows` /
+    :func:`split_cache`, a full buffer) a new buffer with room for
     ``max(APPEND_SLACK, length / 2)`` more slots is allocated and filled once. Below
     :data:`APPEND_FROM` slots the layer concatenates as transformers does. The values
     are the concatenation's, bit for bit; slots beyond a narrowed tensor are stale and
