@@ -11,7 +11,8 @@
 * :mod:`~specviz.draft.lookahead` - Jacobi and lookahead decoding: no draft model, guesses from the
   target's own outputs;
 * :mod:`~specviz.draft.vocab` - a draft vocabulary reduced to a ranking's most frequent tokens plus
-  the sequence's own (strategy names ending in ``-v<N>``);
+  the sequence's own (strategy names ending in ``-v<N>``; also ``python -m specviz.draft.vocab``,
+  so its names are imported from the module itself);
 * :mod:`~specviz.draft.registry` - every strategy by name, built from a model pair.
 """
 
@@ -25,4 +26,3 @@ from specviz.draft.ngram import *  # noqa: F401,F403
 from specviz.draft.registry import *  # noqa: F401,F403
 from specviz.draft.self_spec import *  # noqa: F401,F403
 from specviz.draft.switch import *  # noqa: F401,F403
-from specviz.draft.vocab import *  # noqa: F401,F403
