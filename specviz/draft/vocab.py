@@ -33,6 +33,7 @@ import json
 import os
 import sys
 import weakref
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -124,14 +125,11 @@ class DraftVocabulary:
         return chosen.nonzero()[:, 0]
 
     def coverage(self, sequences: Iterable[Sequence[int]], n: int) -> float:
-        """Share of the tokens of ``sequences`` inside the ``n``-token vocabulary (nan without tokens)."""
-        inside = torch.zeros(self.vocab_size, dtype=torch.bool)
-        inside[self.ids(n)] = True
-        tokens = torch.tensor([int(t) for s in sequences for t in s], dtype=torch.long)
-        if tokens.numel() == 0:
-            return float("nan")
-        in_range = tokens[(tokens >= 0) & (tokens < self.vocab_size)]
-        return float(inside[in_range].sum()) / tokens.numel()
+        """Share of the tokens of ``sequences`` inside the ``n``-token vocabulary (nan without
+        tokens): one minus the heads' :func:`~specviz.heads.modules.out_of_vocab_share`."""
+        from specviz.heads.modules import out_of_vocab_share
+
+        return 1.0 - out_of_vocab_share(self.ids(n), sequences)
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the ranking as JSON to ``path`` (atomically); the path."""
@@ -202,11 +200,8 @@ def build_draft_vocabulary(draft, *, tasks: int = 256, prompts: int = 64, max_ne
 
     corpus = build_corpus(draft, prompts=prompts, tasks=tasks, max_new_tokens=max_new_tokens, seed=seed,
                           temperatures=temperatures, store=store, batch_size=batch_size, progress=progress)
-    counts: dict[int, int] = {}
-    for seq in corpus.sequences:
-        for t in seq:
-            counts[t] = counts.get(t, 0) + 1
-    ranked = tuple(sorted(counts, key=lambda t: (-counts[t], t)))
+    counts = Counter(t for seq in corpus.sequences for t in seq)
+    ranked = tuple(sorted(counts, key=lambda t: (-counts[t], t)))  # the heads' reduced_vocab's order
     described = corpus.summary() | {
         "writer": draft.name, "weight_mode": draft.weight_mode, "tasks": tasks, "stdlib_prompts": prompts,
         "max_new_tokens": max_new_tokens, "temperatures": [float(t) for t in temperatures], "seed": seed,
