@@ -11,7 +11,8 @@ from specviz.draft import ChainDrafter, DynamicTreeDrafter
 from specviz.draft.registry import build_drafter, parse_strategy
 from specviz.draft.vocab import (DraftVocabulary, ReducedHead, draft_vocabulary, head_rows, reduced_head,
                                  tokenizer_hash)
-from specviz.models.weights import Int4Linear, Int8Linear, W8A8Linear, W8A8TokenLinear, WxLinear, _fbgemm_available
+from specviz.models.weights import (Int4Linear, Int8Linear, W4A8TokenLinear, W8A8Linear, W8A8TokenLinear, WxLinear,
+                                   _fbgemm_available)
 from specviz.sampling import SamplingConfig
 
 PROMPT = "Repeat after me three times: the red fox jumps over the lazy dog, the red fox jumps."
@@ -39,7 +40,7 @@ def _linear(n=40, k=16, bias=True):
     return layer
 
 
-@pytest.mark.parametrize("kind", ["linear", "wx", "int8", "w8a8", "w8a8-token"])
+@pytest.mark.parametrize("kind", ["linear", "wx", "int8", "w8a8", "w8a8-token", "w4a8-token"])
 def test_head_rows_are_bitwise_the_full_heads(kind):
     base = _linear()
     if kind in ("w8a8", "w8a8-token") and not _fbgemm_available():
@@ -47,7 +48,8 @@ def test_head_rows_are_bitwise_the_full_heads(kind):
     head = {"linear": lambda: base, "wx": lambda: WxLinear.from_linear(base),
             "int8": lambda: Int8Linear.from_linear(base),
             "w8a8": lambda: W8A8Linear.from_linear(base, torch.rand(16) + 0.5),
-            "w8a8-token": lambda: W8A8TokenLinear.from_linear(base, torch.rand(16) + 0.5)}[kind]()
+            "w8a8-token": lambda: W8A8TokenLinear.from_linear(base, torch.rand(16) + 0.5),
+            "w4a8-token": lambda: W4A8TokenLinear.from_linear(base, torch.rand(16) + 0.5)}[kind]()
     rows = torch.tensor([3, 0, 17, 39, 5])
     x = torch.randn(2, 3, 16)
     if kind == "int8":

@@ -24,6 +24,7 @@ Usage::
     python -m specviz.bench --dtype bf16 --limit 7 --max-new-tokens 128 --heads <medusa result> \
         --methods merged-medusa-n4+ngram-n3-k8 ngram-n3-k8 llama-ngram-n3-k8 --llama-cpp ~/llama.cpp/build
     python -m specviz.bench --device cuda --dtype bf16 --limit 7
+    python -m specviz.bench --dtype w8a8-token --draft-dtype w4a8-token --limit 7 --max-new-tokens 128
     python -m specviz.bench attention --budgets 8 16 32 64 --batch-sizes 1 4 --prefix-lens 128 512 2048
     python -m specviz.bench profile --dtype w8a8-token --methods specviz-plain chain-k2 ngram-n3-k8
 """
@@ -114,8 +115,12 @@ def _e2e_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default=None, help="target model (default: the built-in 1.5B)")
     p.add_argument("--draft", default=None, help="draft model (default: the built-in 0.5B)")
     p.add_argument("--dtype", default="bf16",
-                   help="weight mode of both models: fp32, bf16 (default), fp16, fp32-wx, int8, int4, w8a8, w8a8-token, or auto "
+                   help="weight mode of both models: fp32, bf16 (default), fp16, fp32-wx, int8, int4, w8a8, w8a8-token, "
+                        "w4a8-token, or auto "
                         "(the fastest mode that passes the accuracy bar on this machine, probed once and cached)")
+    p.add_argument("--draft-dtype", default=None,
+                   help="weight mode of the draft model alone (default: --dtype), e.g. w4a8-token: a draft's "
+                        "accuracy costs acceptance, never exactness; plain decoding and the peers keep --dtype")
     p.add_argument("--device", default="auto",
                    help="where the models run: auto (default: CUDA, then MPS, then the CPU, among those "
                         "that run --dtype), cpu, cuda[:N] or mps")
@@ -220,8 +225,9 @@ def _load_models(args: argparse.Namespace):
 
     dtype = args.dtype
     if args.models == "tiny":
-        return tiny_pair(dtype=dtype, device=args.device)
-    return load_pair(args.target or DEFAULT_TARGET, args.draft or DEFAULT_DRAFT, dtype=dtype, device=args.device)
+        return tiny_pair(dtype=dtype, device=args.device, draft_dtype=args.draft_dtype)
+    return load_pair(args.target or DEFAULT_TARGET, args.draft or DEFAULT_DRAFT, dtype=dtype, device=args.device,
+                     draft_dtype=args.draft_dtype)
 
 
 def _resolve_models(args: argparse.Namespace) -> tuple[tuple[str, str], torch.device]:
@@ -241,10 +247,20 @@ def _resolve_models(args: argparse.Namespace) -> tuple[tuple[str, str], torch.de
     except ValueError as exc:
         raise _UsageError(f"--dtype: {exc}") from None
     try:
+        draft_mode = mode if args.draft_dtype is None or is_auto(args.draft_dtype) else parse_weight_mode(
+            args.draft_dtype)
+    except ValueError as exc:
+        raise _UsageError(f"--draft-dtype: {exc}") from None
+    try:
         device = resolve_device(args.device, mode)
     except ValueError as exc:
         raise _UsageError(f"--device: {exc}") from None
+    try:
+        resolve_device(device, draft_mode)
+    except ValueError as exc:
+        raise _UsageError(f"--draft-dtype: {exc}") from None
     args.dtype = mode.name
+    args.draft_dtype = draft_mode.name
     args.device = str(device)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -263,7 +279,8 @@ def _existing_rows(out: Path, fresh: bool) -> pd.DataFrame:
     from specviz.models.weights import parse_weight_mode
 
     # Older files name float modes by their torch dtype ("bfloat16"): one name per mode.
-    df["dtype"] = [parse_weight_mode(d).name if isinstance(d, str) else d for d in df["dtype"]]
+    for col in ("dtype", "draft_dtype"):
+        df[col] = [parse_weight_mode(d).name if isinstance(d, str) else d for d in df[col]]
     return df
 
 
@@ -386,7 +403,8 @@ def _run(args: argparse.Namespace, specs: list[MethodSpec]) -> int:
     names, device = _resolve_models(args)
     dtype = args.dtype
     run = {"temperature": args.temperature, "max_new_tokens": args.max_new_tokens, "seed": args.seed,
-           "dtype": dtype, "device": str(device), "target": names[0], "draft": names[1], "threads": torch.get_num_threads()}
+           "dtype": dtype, "draft_dtype": args.draft_dtype, "device": str(device), "target": names[0],
+           "draft": names[1], "threads": torch.get_num_threads()}
     verifiers = {s.name: s.verifier(args.temperature, args.verifier) for s in specs}
     _check_resumable(existing, run, out, verifiers, _heads_in_use(specs, names[0]))
 
@@ -403,11 +421,18 @@ def _run(args: argparse.Namespace, specs: list[MethodSpec]) -> int:
           f"max_new_tokens={args.max_new_tokens}, temperature={args.temperature:g}, {dtype} on {device}, "
           f"torch threads {threads}, load average {os.getloadavg()[0]:.2f}")
     print(f"rows: {out} ({len(existing)} already there, {sum(len(t) for *_, t in rounds)} to run)")
-    if dtype == "w8a8-token":
+    if args.draft_dtype != dtype:
+        print(f"draft model in {args.draft_dtype}")
+    if "w8a8-token" in (dtype, args.draft_dtype):
         from specviz.models.extension import fused_op_status, vnni_kernel
 
         vnni = " (with its AVX-512 VNNI kernel for short forwards)" if vnni_kernel() else ""
         print(f"w8a8-token layers: {fused_op_status()}{vnni}")
+    if "w4a8-token" in (dtype, args.draft_dtype):
+        from specviz.models.extension import fused_op_status, vnni_kernel
+
+        how = "AVX-512 VNNI kernel" if vnni_kernel() else "one channel at a time (no VNNI: slow)"
+        print(f"w4a8-token layers: {fused_op_status()}, {how}")
     if rounds:
         _measure(args, specs, prompts, rounds, existing, out, run)
     rows = load_results(out) if out.exists() else existing
@@ -692,6 +717,7 @@ def _profile_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default=None, help="target model (default: the built-in 1.5B)")
     p.add_argument("--draft", default=None, help="draft model (default: the built-in 0.5B)")
     p.add_argument("--dtype", default="bf16", help="weight mode of both models, as for the benchmark (default bf16)")
+    p.add_argument("--draft-dtype", default=None, help="weight mode of the draft alone (default: --dtype)")
     p.add_argument("--device", default="auto", help="auto (default), cpu, cuda[:N] or mps")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     p.add_argument("--heads", nargs="+", default=None, metavar="DIR",

@@ -139,7 +139,7 @@ COLUMNS: tuple[str, ...] = (
     "method", "question_id", "category", "repeat", "position", "prompt_tokens", "new_tokens", "wall_s",
     "tokens_per_s", "speedup", "target_calls", "steps", "tau", "drafted", "accepted", "acceptance_rate",
     "matches_plain", "prefix_match", "stop", "draft_s", "verify_s", "drafter", "verifier", "temperature",
-    "max_new_tokens", "seed", "dtype", "device", "target", "draft", "threads", "load1", "output_ids",
+    "max_new_tokens", "seed", "dtype", "draft_dtype", "device", "target", "draft", "threads", "load1", "output_ids",
 )
 
 
@@ -382,13 +382,16 @@ def load_results(path: str | os.PathLike) -> pd.DataFrame:
         ValueError: the file lacks columns of :data:`COLUMNS`.
 
     Files written before the ``device`` column existed were measured on the CPU and read
-    with ``device`` "cpu".
+    with ``device`` "cpu"; before ``draft_dtype``, both models ran in ``dtype``.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"benchmark results not found: {path}")
     df = pd.read_csv(path, dtype={"output_ids": str, "method": str, "category": str})
     missing = [c for c in COLUMNS if c not in df.columns]
+    if "draft_dtype" in missing and "dtype" in df.columns:
+        df.insert(list(df.columns).index("dtype") + 1, "draft_dtype", df["dtype"])
+        missing.remove("draft_dtype")
     if missing == ["device"]:
         df.insert(COLUMNS.index("device"), "device", "cpu")
         missing = []

@@ -48,7 +48,8 @@ PROFILE_COLUMNS: tuple[str, ...] = (
     "dtype", "threads",
 )
 
-_INT_PRODUCTS = ("quantized::", "_weight_int8pack_mm", "_weight_int4pack_mm", "_int_mm", "specviz::w8a8_token_linear")
+_INT_PRODUCTS = ("quantized::", "_weight_int8pack_mm", "_weight_int4pack_mm", "_int_mm", "specviz::w8a8_token_linear",
+                 "specviz::w4a8_token_linear")
 _FLOAT_PRODUCTS = ("aten::linear", "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul",
                    "aten::addmv", "aten::mv", "aten::dot")
 
@@ -214,7 +215,8 @@ def profile_method(spec, pair, ids: Sequence[int], *, max_new_tokens: int = 64, 
             "method": spec.name, "phase": ph, "calls": calls.get(ph, 0), "ms_per_token": total / 1e3 / tokens,
             "share": total / wall_us, **{k: v / 1e3 / tokens for k, v in kinds.items()}, "tokens": gen.n_tokens,
             "steps": gen.steps, "wall_s": unprofiled.wall_s, "profiled_wall_s": profiled,
-            "dtype": pair.target.weight_mode,
+            "dtype": pair.target.weight_mode if pair.draft.weight_mode == pair.target.weight_mode
+            else f"{pair.target.weight_mode}, draft {pair.draft.weight_mode}",
             "threads": torch.get_num_threads(),
         })
     return pd.DataFrame(rows, columns=list(PROFILE_COLUMNS))

@@ -122,7 +122,7 @@ class DrafterCheck:
 
     Attributes:
         drafter: the drafter's name.
-        dtype: "fp32" or "bf16".
+        dtype: the target's weight mode ("fp32", "bf16", "w8a8-token", ...).
         n_prompts: prompts run.
         identical: prompts whose whole output matched.
         matched_tokens: new tokens before the first divergence, summed over prompts.
@@ -153,8 +153,9 @@ class DrafterCheck:
         return self.matched_tokens / self.total_tokens if self.total_tokens else math.nan
 
 
-def _dtype_tag(dtype: torch.dtype) -> str:
-    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+def _mode_tag(model: LoadedModel) -> str:
+    """The target's weight mode ("fp32", "bf16", "w8a8-token", ...): what a check ran in."""
+    return model.weight_mode or {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[model.dtype]
 
 
 @torch.no_grad()
@@ -174,7 +175,7 @@ def references(target: LoadedModel, prompts: Sequence[str], max_new_tokens: int,
     """Target-only greedy outputs of ``prompts`` (end-of-sequence tokens ignored), each
     read from ``store`` when it is there and added to it when computed
     (:func:`specviz.sweep.greedy_reference`, keyed by model, dtype, budget and prompt ids)."""
-    tag = _dtype_tag(target.dtype)
+    tag = _mode_tag(target)
     out = []
     for i, p in enumerate(prompts):
         r = greedy_reference(target, p, max_new_tokens, store=store)
@@ -207,7 +208,7 @@ def check_identity(pair: ModelPair, prompts: Sequence[str], drafters: Sequence[D
             that a rerun after an interruption resumes; None keeps nothing.
     """
     target = pair.target
-    tag = _dtype_tag(target.dtype)
+    tag = _mode_tag(target)
     store = store if store is not None else ResultStore(None)
     plain = references(target, prompts, max_new_tokens, store, log)
     checks = []
@@ -299,9 +300,9 @@ def compare_schedules(pair: ModelPair, prompts: Sequence[str], max_new_tokens: i
 
 def format_checks(checks: Sequence[DrafterCheck]) -> str:
     """A text table of identity / match-rate checks plus every mismatch's logit gap."""
-    lines = [f"{'dtype':5} {'drafter':42} {'identical':>9} {'token match':>11} {'tau':>5} {'time s':>7}"]
+    lines = [f"{'mode':10} {'drafter':42} {'identical':>9} {'token match':>11} {'tau':>5} {'time s':>7}"]
     for c in checks:
-        lines.append(f"{c.dtype:5} {c.drafter:42} {c.identical:>4}/{c.n_prompts:<4} {c.token_match_rate:>11.3f} "
+        lines.append(f"{c.dtype:10} {c.drafter:42} {c.identical:>4}/{c.n_prompts:<4} {c.token_match_rate:>11.3f} "
                      f"{c.tau:>5.2f} {c.wall_time_s:>7.0f}")
     for c in checks:
         for m in c.mismatches:

@@ -220,16 +220,19 @@ def head_rows(head: nn.Module, rows: torch.Tensor) -> nn.Module:
     ``W8A8TokenLinear``) each output is bitwise the full head's for that row; a float product
     of fewer rows may sum in another order (a last-bit difference).
 
-    Supported: ``nn.Linear`` and specviz's ``Int8Linear``, ``WxLinear``, ``W8A8Linear`` and
-    ``W8A8TokenLinear``; ``Int4Linear`` is requantized from its dequantized rows (its packed
-    layout does not slice), which reproduces them up to float rounding.
+    Supported: ``nn.Linear`` and specviz's ``Int8Linear``, ``WxLinear``, ``W8A8Linear``,
+    ``W8A8TokenLinear`` and ``W4A8TokenLinear`` (bitwise as well); ``Int4Linear`` is
+    requantized from its dequantized rows (its packed layout does not slice), which
+    reproduces them up to float rounding.
 
     Raises:
         TypeError: any other module.
     """
-    from specviz.models.weights import Int4Linear, Int8Linear, W8A8Linear, WxLinear
+    from specviz.models.weights import Int4Linear, Int8Linear, W4A8TokenLinear, W8A8Linear, WxLinear
 
     rows = torch.as_tensor(rows, dtype=torch.long)
+    if isinstance(head, W4A8TokenLinear):
+        return head.rows(rows)
     if isinstance(head, (nn.Linear, WxLinear)):
         weight = nn.Parameter(head.weight.detach()[rows.to(head.weight.device)], requires_grad=False)
         bias = None if head.bias is None else nn.Parameter(head.bias.detach()[rows.to(head.bias.device)],

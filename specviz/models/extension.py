@@ -1,5 +1,5 @@
-"""specviz's compiled operator: :class:`~specviz.models.weights.W8A8TokenLinear`'s forward
-in one call.
+"""specviz's compiled operators: :class:`~specviz.models.weights.W8A8TokenLinear`'s forward
+in one call, and :class:`~specviz.models.w4a8.W4A8TokenLinear`'s (:func:`w4a8_token_op`).
 
 A one-token forward of the 1.5B target in ``w8a8-token`` spends about as long in the
 small operators that quantize each layer's input per token and rescale fbgemm's output
@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["w8a8_token_op", "fused_op_status", "vnni_kernel", "EXTENSION_SOURCE", "NO_VNNI_ENV"]
+__all__ = ["w8a8_token_op", "w4a8_token_op", "fused_op_status", "vnni_kernel", "EXTENSION_SOURCE", "NO_VNNI_ENV"]
 
 #: ``SPECVIZ_NO_VNNI=1`` keeps fbgemm's product for every forward, even where the VNNI
 #: kernel could run
@@ -91,6 +91,17 @@ def _remove_stale_lock(build_dir: Path, older_than_s: float = 600.0) -> None:
         pass
 
 
+def _untraced(fn):
+    """``bool(fn())`` outside any trace being recorded (a tracer cannot record an operator
+    that returns a bool, and the answer is a fact about the CPU, not a step to record)."""
+    state = torch._C._get_tracing_state()
+    torch._C._set_tracing_state(None)
+    try:
+        return bool(fn())
+    finally:
+        torch._C._set_tracing_state(state)
+
+
 def w8a8_token_op():
     """``torch.ops.specviz.w8a8_token_linear``, compiled and loaded on the first call, or
     None where it is disabled (``SPECVIZ_NO_EXTENSION=1``) or cannot be built (a warning
@@ -113,6 +124,7 @@ def w8a8_token_op():
                      extra_ldflags=list(_LDFLAGS),
                      is_python_module=False, verbose=False)
                 _state["op"] = torch.ops.specviz.w8a8_token_linear
+                _state["vnni"] = _untraced(torch.ops.specviz.vnni_available)
                 why = "compiled operator"
             except Exception as exc:  # no compiler, no headers, a build error: fall back, say so
                 why = f"cannot build the compiled operator ({type(exc).__name__}: {str(exc).strip()[:300]})"
@@ -121,6 +133,13 @@ def w8a8_token_op():
         _state["why"] = why
         _state["tried"] = True
     return _state["op"]
+
+
+def w4a8_token_op():
+    """``torch.ops.specviz.w4a8_token_linear`` (:class:`~specviz.models.w4a8.W4A8TokenLinear`'s
+    forward, from the same compiled library as :func:`w8a8_token_op`), or None where that
+    library is disabled or cannot be built."""
+    return None if w8a8_token_op() is None else torch.ops.specviz.w4a8_token_linear
 
 
 def fused_op_status() -> str:
@@ -139,4 +158,4 @@ def vnni_kernel() -> bool:
     bit for bit)."""
     if os.environ.get(NO_VNNI_ENV, "").strip().lower() in ("1", "true", "yes"):
         return False
-    return w8a8_token_op() is not None and bool(torch.ops.specviz.vnni_available())
+    return w8a8_token_op() is not None and bool(_state.get("vnni", False))

@@ -307,6 +307,7 @@ TRACEABLE_MODULES = {
     "transformers.models.llama.modeling_llama": {"LlamaDecoderLayer", "LlamaAttention", "LlamaMLP", "LlamaRMSNorm"},
     "specviz.models.weights": {"W8A8TokenLinear", "SharedInputGroup", "SharedInputSlice", "WxLinear", "Int8Linear",
                                "Int4Linear"},
+    "specviz.models.w4a8": {"W4A8TokenLinear"},
 }
 _programs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 

@@ -228,12 +228,13 @@ class LoadedModel:
         integer layer (whose weights are buffers, not parameters) counts its weight matrix and
         bias, and an LM head tied to the embeddings counts once even where a mode gave it a
         converted copy."""
-        from specviz.models.weights import Int4Linear, Int8Linear, W8A8Linear
+        from specviz.models.weights import Int4Linear, Int8Linear, W4A8TokenLinear, W8A8Linear
 
         count = sum(p.numel() for p in self.model.parameters())
         tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
         for name, module in self.model.named_modules():
-            if isinstance(module, (Int8Linear, Int4Linear, W8A8Linear)) and not (tied and name == "lm_head"):
+            if isinstance(module, (Int8Linear, Int4Linear, W8A8Linear, W4A8TokenLinear)) and not (
+                    tied and name == "lm_head"):
                 bias = module._buffers.get("bias")
                 count += module.in_features * module.out_features + (0 if bias is None else bias.numel())
         return count
@@ -669,11 +670,13 @@ def load_model(name_or_path: "str | os.PathLike | LoadedModel", dtype: WeightMod
 def _converted_key(spec: BuiltinModel, mode: WeightMode, tokenizer) -> dict:
     """What a cached conversion depends on: the source weights, the mode, the calibration
     text, the conversion code, torch and the machine (its fp32 calibration forward)"""
-    from specviz.models import weights
+    from specviz.models import w4a8, weights
     from specviz.models.auto import machine_key
 
     key = {"name": spec.name, "source_sha256": spec.sha256, "mode": mode.name,
            "code_sha256": hashlib.sha256(Path(weights.__file__).read_bytes()).hexdigest(),
+           **({"w4a8_code_sha256": hashlib.sha256(Path(w4a8.__file__).read_bytes()).hexdigest()}
+              if mode.name == "w4a8-token" else {}),
            "torch": torch.__version__, "machine": machine_key()}
     if mode.calibrated:
         key["calibration_sha256"] = hashlib.sha256(calibration_ids(tokenizer).numpy().tobytes()).hexdigest()
@@ -787,17 +790,24 @@ def check_same_tokenizer(target_tok, draft_tok) -> None:
 
 def load_pair(target: "str | LoadedModel" = DEFAULT_TARGET, draft: "str | LoadedModel" = DEFAULT_DRAFT,
               dtype: WeightMode | torch.dtype | str = torch.bfloat16,
-              cache: str | os.PathLike | None = None, device: "str | torch.device | None" = None) -> ModelPair:
+              cache: str | os.PathLike | None = None, device: "str | torch.device | None" = None,
+              draft_dtype: WeightMode | torch.dtype | str | None = None) -> ModelPair:
     """Load a target and a draft model in weight mode ``dtype`` on ``device`` (as in
     :func:`load_model`) and check that they share a tokenizer.
+
+    ``draft_dtype`` loads the draft in another mode (None: ``dtype``; ``"auto"``: the
+    target's resolved mode). A draft's accuracy costs acceptance, never exactness, so a
+    faster, less accurate mode can pay there (``w4a8-token``).
 
     Raises:
         TokenizerMismatchError: the vocabularies or special tokens differ (says which).
     """
     if is_auto(dtype):
         dtype = resolve_auto(target, device, cache)  # the target's choice, for both models
+    if draft_dtype is None or is_auto(draft_dtype):
+        draft_dtype = dtype
     t = load_model(target, dtype, cache, device)
-    d = load_model(draft, dtype, cache, t.device)
+    d = load_model(draft, draft_dtype, cache, t.device)
     check_same_tokenizer(t.tokenizer, d.tokenizer)
     if d.vocab_size != t.vocab_size:
         raise TokenizerMismatchError(
@@ -876,14 +886,18 @@ def tiny_model(seed: int = 0, n_layers: int = 2, hidden: int = 64, n_heads: int 
 
 
 def tiny_pair(seed: int = 0, noise: float = 0.1, dtype: WeightMode | torch.dtype | str = torch.float32,
-              device: "str | torch.device" = "cpu") -> ModelPair:
+              device: "str | torch.device" = "cpu",
+              draft_dtype: WeightMode | torch.dtype | str | None = None) -> ModelPair:
     """A tiny target and a draft that is the target with relative Gaussian noise on every
     weight matrix, so the draft's top-1 agrees with the target's often but not always
     (about two tokens in three at the default ``noise``). In an int8/int4/fp32-wx mode
-    both are built in fp32, then converted. Both are drawn on the CPU, then moved to ``device``."""
+    both are built in fp32, then converted. Both are drawn on the CPU, then moved to ``device``.
+    ``draft_dtype`` puts the draft in another mode (None: ``dtype``)."""
     mode = parse_weight_mode(dtype)
+    draft_mode = mode if draft_dtype is None else parse_weight_mode(draft_dtype)
     dev = resolve_device(device, mode)
-    target = tiny_model(seed=seed, dtype=dtype if mode.convert is None else "fp32")
+    resolve_device(dev, draft_mode)  # the draft's mode must run there too
+    target = tiny_model(seed=seed, dtype=dtype if mode.convert is None and draft_mode is mode else "fp32")
     draft_model = copy.deepcopy(target.model)
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
@@ -892,5 +906,5 @@ def tiny_pair(seed: int = 0, noise: float = 0.1, dtype: WeightMode | torch.dtype
                 p.add_((torch.randn(p.shape, generator=gen) * p.float().std() * noise).to(p.dtype))
     draft = LoadedModel(name=f"tiny-qwen2-seed{seed}-draft", model=draft_model.eval(),
                         tokenizer=target.tokenizer, dtype=target.dtype)
-    target, draft = load_model(target, mode, device=dev), load_model(draft, mode, device=dev)
+    target, draft = load_model(target, mode, device=dev), load_model(draft, draft_mode, device=dev)
     return ModelPair(target=target, draft=draft)

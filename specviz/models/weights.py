@@ -26,6 +26,10 @@ once per forward and make small forwards much cheaper. Each mode has one name:
   4 integer products per decoder layer instead of 7. Each product runs as one compiled
   operator where a C++ compiler is at hand (:mod:`specviz.models.extension`, bit for bit
   what the layer's PyTorch code computes, with a fraction of its per-layer overhead).
+* ``w4a8-token`` - 4-bit weights with a float16 scale and minimum per 64 inputs times
+  ``w8a8-token``'s activations, in the compiled operator's own kernel for every row count
+  (:class:`~specviz.models.w4a8.W4A8TokenLinear`): about half the weight bytes of
+  ``w8a8-token`` and a point or so less agreement with fp32; meant for draft models.
 
 :func:`quantize_model` replaces every ``nn.Linear`` of a transformers model (attention and
 MLP projections and the LM head) in place. A tied LM head gets its own converted copy; the
@@ -47,6 +51,7 @@ import torch
 from torch import nn
 
 from specviz.models.extension import vnni_kernel, w8a8_token_op
+from specviz.models.w4a8 import W4A8TokenLinear, w4a8_group
 from specviz.validate import check_choice
 
 __all__ = [
@@ -58,6 +63,7 @@ __all__ = [
     "Int4Linear",
     "W8A8Linear",
     "W8A8TokenLinear",
+    "W4A8TokenLinear",
     "SharedInputGroup",
     "SharedInputSlice",
     "input_absmax",
@@ -660,12 +666,17 @@ WEIGHT_MODES: dict[str, WeightMode] = {
                    torch.float32, W8A8TokenLinear.from_linear, calibrated=True, devices=_CPU_ONLY,
                    shared_inputs=(("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")),
                    convert_group=SharedInputGroup.from_linears),
+        WeightMode("w4a8-token", "4-bit weights (a float16 scale and minimum per 64 inputs) x int8 activations "
+                   "(per token, with w8a8-token's residual pass; batch-invariant); fp32 activations between layers",
+                   False, torch.float32, W4A8TokenLinear.from_linear, calibrated=True, devices=_CPU_ONLY,
+                   shared_inputs=(("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")),
+                   convert_group=w4a8_group),
     )
 }
 
 _TORCH_DTYPE_MODES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 _LONG_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
-_CONVERTED = (WxLinear, Int8Linear, Int4Linear, W8A8Linear, SharedInputGroup)  # W8A8TokenLinear is a W8A8Linear
+_CONVERTED = (WxLinear, Int8Linear, Int4Linear, W8A8Linear, W4A8TokenLinear, SharedInputGroup)  # W8A8TokenLinear is a W8A8Linear
 
 
 def parse_weight_mode(mode: WeightMode | torch.dtype | str) -> WeightMode:
@@ -698,6 +709,8 @@ def weight_mode_of(model: nn.Module) -> str:
             return "fp32-wx"
         if isinstance(module, W8A8TokenLinear):
             return "w8a8-token"
+        if isinstance(module, W4A8TokenLinear):
+            return "w4a8-token"
         if isinstance(module, W8A8Linear):
             return "w8a8"
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
@@ -800,8 +813,8 @@ def _cast_parameters(model: nn.Module, wm: WeightMode) -> None:
 #: Modes whose converted layers :func:`converted_layers` can save and
 #: :func:`restore_converted` rebuild without converting again (their buffers do not depend
 #: on the CPU; fbgemm's packing is redone on restore).
-CACHEABLE_MODES: tuple[str, ...] = ("int8", "w8a8", "w8a8-token")
-_RESTORABLE = {cls.__name__: cls for cls in (Int8Linear, W8A8Linear, W8A8TokenLinear)}
+CACHEABLE_MODES: tuple[str, ...] = ("int8", "w8a8", "w8a8-token", "w4a8-token")
+_RESTORABLE = {cls.__name__: cls for cls in (Int8Linear, W8A8Linear, W8A8TokenLinear, W4A8TokenLinear)}
 
 
 def _layer_entry(module: nn.Module, name: str, tensors: dict[str, torch.Tensor]) -> dict:
@@ -892,7 +905,8 @@ def restore_converted(model: nn.Module, mode: WeightMode | str, manifest: Sequen
                          f"{', '.join(CACHEABLE_MODES)}")
     _refuse_converted(model, wm)
     linears = {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
-    if any(entry.get("layer", entry).get("class") == W8A8TokenLinear.__name__ for entry in manifest):
+    if any(entry.get("layer", entry).get("class") in (W8A8TokenLinear.__name__, W4A8TokenLinear.__name__)
+           for entry in manifest):
         vnni_kernel()  # the compiled operator built or loaded once here, not by the workers below
     # Packing for fbgemm is single-threaded per layer, so the layers are packed side by side,
     # on every core this process may use whatever torch's thread setting (a load times nothing).

@@ -1,4 +1,5 @@
-// specviz::w8a8_token_linear: W8A8TokenLinear's forward as one operator.
+// specviz::w8a8_token_linear: W8A8TokenLinear's forward as one operator (and, below,
+// specviz::w4a8_token_linear: W4A8TokenLinear's, with 4-bit weights).
 //
 // The Python forward of specviz.models.weights.W8A8TokenLinear spends about 25 small
 // operators per layer on quantizing its input per token and rescaling fbgemm's output;
@@ -23,6 +24,7 @@
 // two paths give bit-identical outputs.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/util/Half.h>
 #include <ATen/native/quantized/PackedParams.h>
 #include <torch/library.h>
 
@@ -140,6 +142,53 @@ at::Tensor vnni_product(const at::Tensor& codes, const at::Tensor& weight, const
   return y;
 }
 
+// out[r] = products[r] * step[r] (+ products[m + r] * step2[r] with the residual pass)
+// (+ bias): each product and sum rounded on its own, as the PyTorch code's separate
+// operators (no fused multiply-add, whose use would depend on how a library was compiled).
+void rescale_rows(const float* yp, int64_t m, int64_t n, bool residual, const std::vector<float>& step,
+                  const std::vector<float>& step2, const float* bp, float* op) {
+  at::parallel_for(0, m, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* y0 = yp + r * n;
+      const float* y1 = residual ? yp + (m + r) * n : nullptr;
+      float* o = op + r * n;
+      const float s = step[r];
+      if (residual) {
+        const float s2 = step2[r];
+        if (bp) {
+          for (int64_t j = 0; j < n; ++j) o[j] = (y0[j] * s + y1[j] * s2) + bp[j];
+        } else {
+          for (int64_t j = 0; j < n; ++j) o[j] = y0[j] * s + y1[j] * s2;
+        }
+      } else if (bp) {
+        for (int64_t j = 0; j < n; ++j) o[j] = y0[j] * s + bp[j];
+      } else {
+        for (int64_t j = 0; j < n; ++j) o[j] = y0[j] * s;
+      }
+    }
+  });
+}
+
+// The layer's output from the products y (P*M, N) of its M rows: rescaled per row
+// (rescale_rows), with the bias, in the input's shape with N outputs.
+at::Tensor rescaled(const at::Tensor& y, const at::Tensor& x, int64_t m, bool residual,
+                    const std::vector<float>& step, const std::vector<float>& step2,
+                    const std::optional<at::Tensor>& bias) {
+  const int64_t n = y.size(1);
+  at::Tensor out = residual ? at::empty({m, n}, y.options()) : y;  // (M, N)
+  const float* bp = nullptr;
+  at::Tensor b;
+  if (bias.has_value() && bias->defined()) {
+    b = bias->to(at::kFloat).contiguous();
+    TORCH_CHECK(b.numel() == n, "bias has ", b.numel(), " entries for ", n, " outputs");
+    bp = b.data_ptr<float>();
+  }
+  rescale_rows(y.data_ptr<float>(), m, n, residual, step, step2, bp, out.data_ptr<float>());
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = n;
+  return out.view(shape);
+}
+
 bool vnni_available() { return cpu_has_vnni(); }
 
 at::Tensor w8a8_token_linear(const at::Tensor& x, const at::Tensor& inv_smooth,
@@ -230,42 +279,191 @@ at::Tensor w8a8_token_linear(const at::Tensor& x, const at::Tensor& inv_smooth,
   }
   TORCH_CHECK(y.scalar_type() == at::kFloat && y.dim() == 2 && y.size(0) == passes * m, "unexpected product shape");
   y = y.contiguous();
-  const int64_t n = y.size(1);
-  at::Tensor out = residual ? at::empty({m, n}, y.options()) : y;  // (M, N)
-  const float* yp = y.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  const float* bp = nullptr;
-  at::Tensor b;
-  if (bias.has_value() && bias->defined()) {
-    b = bias->to(at::kFloat).contiguous();
-    TORCH_CHECK(b.numel() == n, "bias has ", b.numel(), " entries for ", n, " outputs");
-    bp = b.data_ptr<float>();
-  }
-  at::parallel_for(0, m, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const float* y0 = yp + r * n;
-      const float* y1 = residual ? yp + (m + r) * n : nullptr;
-      float* o = op + r * n;
-      const float s = step[r];
-      // Each product and sum rounded on its own, as the PyTorch code's separate operators
-      // (no fused multiply-add, whose use would depend on how a library was compiled).
-      if (residual) {
-        const float s2 = step2[r];
-        if (bp) {
-          for (int64_t j = 0; j < n; ++j) o[j] = (y0[j] * s + y1[j] * s2) + bp[j];
-        } else {
-          for (int64_t j = 0; j < n; ++j) o[j] = y0[j] * s + y1[j] * s2;
+  return rescaled(y, x, m, residual, step, step2, bias);
+}
+
+
+// -- specviz::w4a8_token_linear --------------------------------------------------------------
+//
+// 4-bit weights with a scale and a minimum per group of 64 inputs (w = s * q + z, q in
+// 0..15), times the same per-token int8 activation codes (and residual codes) as above.
+// Each row's output is  sum over groups g, in order:  acc = (acc + float(dot_g) * s_g) +
+// z_g * float(xsum_g),  where dot_g = sum of q * code over the group's 64 inputs (an exact
+// integer) and xsum_g the group's sum of codes; then rescaled per token as above. Every row
+// runs the same instructions whatever the row count, so a token's output does not depend
+// on its forward's other rows (prefills included: no other kernel is used).
+//
+// Weight stream ("w4"): uint8 (NG, G, 2304), NG = ceil(N / 64) blocks of 64 output
+// channels, G = Kp / 64 groups of 64 inputs (Kp = K rounded up). Block c, group g: 8 lines of
+// 256 bytes, line o holding for channel 64c + j (j = 16b + lane) and i < 4 the byte at
+// [o, b, lane, i] = q[.., 64g + 8o + i] | q[.., 64g + 8o + 4 + i] << 4; then 64 fp16 scales
+// and 64 fp16 minimums of the group's channels. A block is one contiguous stream.
+
+constexpr int kW4Rows = 4;                 // rows per pass over a block (16 accumulators)
+constexpr int64_t kW4GroupBytes = 2304;    // 8 lines of 256 weight bytes + 256 bytes of scales
+constexpr int64_t kW4Group = 64;           // inputs per group
+
+template <int R>
+__attribute__((target("avx512f,avx512bw,avx512vnni,f16c"))) void w4_tile(
+    const int8_t* a, int64_t lda, const float* xsum, int64_t ldx, const uint8_t* w, int64_t groups,
+    float* y, int64_t ldy, int64_t n0, int64_t n) {
+  alignas(64) float f[R][64];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 64; ++j) f[r][j] = 0.0f;
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* blk = w + g * kW4GroupBytes;
+    __m512i acc[R][4];
+    for (int r = 0; r < R; ++r)
+      for (int b = 0; b < 4; ++b) acc[r][b] = _mm512_setzero_si512();
+    for (int o = 0; o < 8; ++o) {
+      const uint8_t* line = blk + o * 256;
+      for (int b = 0; b < 4; ++b)
+        _mm_prefetch(reinterpret_cast<const char*>(line + kPrefetchAhead + 64 * b), _MM_HINT_T1);
+      __m512i lo[4], hi[4];
+      for (int b = 0; b < 4; ++b) {
+        const __m512i raw = _mm512_loadu_si512(line + b * 64);
+        lo[b] = _mm512_and_si512(raw, low);
+        hi[b] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
+      }
+      for (int r = 0; r < R; ++r) {
+        int32_t q0, q1;
+        std::memcpy(&q0, a + r * lda + g * kW4Group + 8 * o, 4);
+        std::memcpy(&q1, a + r * lda + g * kW4Group + 8 * o + 4, 4);
+        const __m512i a0 = _mm512_set1_epi32(q0), a1 = _mm512_set1_epi32(q1);
+        for (int b = 0; b < 4; ++b) {
+          acc[r][b] = _mm512_dpbusd_epi32(acc[r][b], lo[b], a0);
+          acc[r][b] = _mm512_dpbusd_epi32(acc[r][b], hi[b], a1);
         }
-      } else if (bp) {
-        for (int64_t j = 0; j < n; ++j) o[j] = y0[j] * s + bp[j];
-      } else {
-        for (int64_t j = 0; j < n; ++j) o[j] = y0[j] * s;
+      }
+    }
+    const uint16_t* sp = reinterpret_cast<const uint16_t*>(blk + 2048);
+    for (int b = 0; b < 4; ++b) {
+      const __m512 sc = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sp + 16 * b)));
+      const __m512 zc = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sp + 64 + 16 * b)));
+      for (int r = 0; r < R; ++r) {
+        __m512 fv = _mm512_load_ps(f[r] + 16 * b);
+        fv = _mm512_add_ps(fv, _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r][b]), sc));
+        fv = _mm512_add_ps(fv, _mm512_mul_ps(zc, _mm512_set1_ps(xsum[r * ldx + g])));
+        _mm512_store_ps(f[r] + 16 * b, fv);
+      }
+    }
+  }
+  for (int b = 0; b < 4; ++b) {
+    const int64_t c0 = n0 + 16 * b;
+    if (c0 >= n) break;
+    const __mmask16 live = c0 + 16 <= n ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - c0)) - 1u);
+    for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + r * ldy + c0, live, _mm512_load_ps(f[r] + 16 * b));
+  }
+}
+
+// The same arithmetic one channel and one input at a time: CPUs without AVX-512 VNNI.
+void w4_rows_scalar(const int8_t* a, int64_t lda, const float* xsum, int64_t ldx, const uint8_t* w,
+                    int64_t groups, float* y, int64_t ldy, int64_t rows, int64_t n0, int64_t n) {
+  for (int64_t j = 0; j < 64 && n0 + j < n; ++j) {
+    const int64_t b = j / 16, lane = j % 16;
+    for (int64_t r = 0; r < rows; ++r) {
+      float acc = 0.0f;
+      for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t* blk = w + g * kW4GroupBytes;
+        int32_t dot = 0;
+        for (int o = 0; o < 8; ++o) {
+          const uint8_t* q = blk + o * 256 + b * 64 + lane * 4;
+          const int8_t* x = a + r * lda + g * kW4Group + 8 * o;
+          for (int i = 0; i < 4; ++i) dot += (q[i] & 0x0F) * x[i] + (q[i] >> 4) * x[4 + i];
+        }
+        const uint16_t* sp = reinterpret_cast<const uint16_t*>(blk + 2048);
+        const float s = c10::detail::fp16_ieee_to_fp32_value(sp[j]);
+        const float z = c10::detail::fp16_ieee_to_fp32_value(sp[64 + j]);
+        acc = acc + static_cast<float>(dot) * s;
+        acc = acc + z * xsum[r * ldx + g];
+      }
+      y[r * ldy + n0 + j] = acc;
+    }
+  }
+}
+
+using W4TileFn = void (*)(const int8_t*, int64_t, const float*, int64_t, const uint8_t*, int64_t, float*, int64_t,
+                          int64_t, int64_t);
+constexpr W4TileFn kW4Tiles[kW4Rows] = {w4_tile<1>, w4_tile<2>, w4_tile<3>, w4_tile<4>};
+
+at::Tensor w4a8_token_linear(const at::Tensor& x, const at::Tensor& inv_smooth, const at::Tensor& weight,
+                             const std::optional<at::Tensor>& bias, bool residual, int64_t out_features,
+                             bool use_vnni) {
+  TORCH_CHECK(x.device().is_cpu() && inv_smooth.device().is_cpu() && weight.device().is_cpu(),
+              "w4a8_token_linear runs on the CPU");
+  TORCH_CHECK(inv_smooth.dim() == 1 && inv_smooth.scalar_type() == at::kFloat && inv_smooth.is_contiguous(),
+              "inv_smooth must be a contiguous float32 vector");
+  const int64_t k = inv_smooth.size(0);
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == k, "input's last dimension is ", x.size(-1), ", the layer takes ", k);
+  TORCH_CHECK(weight.dim() == 3 && weight.scalar_type() == at::kByte && weight.is_contiguous() &&
+                  weight.size(2) == kW4GroupBytes && weight.size(1) * kW4Group >= k &&
+                  weight.size(0) * 64 >= out_features && out_features > 0,
+              "w4 weight must be a contiguous uint8 (NG, G, 2304) stream covering ", k, " inputs and ",
+              out_features, " outputs");
+  const int64_t n = out_features, ng = weight.size(0), groups = weight.size(1), kp = groups * kW4Group;
+  at::Tensor x2 = x.reshape({-1, k}).to(at::kFloat).contiguous();  // (M, K)
+  const int64_t m = x2.size(0);
+  const int64_t passes = residual ? 2 : 1, rows = passes * m;
+  at::Tensor codes = at::zeros({rows, kp}, x2.options().dtype(at::kChar));  // (P*M, Kp) signed codes
+  at::Tensor sums = at::empty({rows, groups}, x2.options());                // (P*M, G) codes per group, summed
+  std::vector<float> step(m), step2(m);
+  const float* xs = x2.data_ptr<float>();
+  const float* smooth = inv_smooth.data_ptr<float>();
+  int8_t* cp = codes.data_ptr<int8_t>();
+  float* sp = sums.data_ptr<float>();
+  auto finish = [&](int64_t row, const float* c) {
+    int8_t* dst = cp + row * kp;
+    for (int64_t i = 0; i < k; ++i) dst[i] = static_cast<int8_t>(static_cast<int32_t>(c[i]));
+    for (int64_t g = 0; g < groups; ++g) {
+      int32_t total = 0;
+      for (int64_t i = g * kW4Group; i < std::min(k, (g + 1) * kW4Group); ++i) total += dst[i];
+      sp[row * groups + g] = static_cast<float>(total);
+    }
+  };
+  at::parallel_for(0, m, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> t(k), c(k);
+    for (int64_t r = begin; r < end; ++r) {
+      const float* xr = xs + r * k;
+      for (int64_t i = 0; i < k; ++i) t[i] = xr[i] * smooth[i];
+      const float amax = std::max(absmax(t.data(), k), 1e-30f);
+      const float scale = (1.0f / amax) * kCodes;
+      for (int64_t i = 0; i < k; ++i) {
+        const float v = t[i] * scale;
+        const float q = std::nearbyint(v);
+        c[i] = q;
+        t[i] = v - q;
+      }
+      finish(r, c.data());
+      step[r] = amax / kCodes;
+      if (residual) {
+        const float emax = std::max(absmax(t.data(), k), 1e-30f);
+        const float scale2 = (1.0f / emax) * kCodes;
+        for (int64_t i = 0; i < k; ++i) c[i] = std::nearbyint(t[i] * scale2);
+        finish(m + r, c.data());
+        step2[r] = step[r] * (emax / kCodes);
       }
     }
   });
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() = n;
-  return out.view(shape);
+  at::Tensor y = at::empty({rows, n}, x2.options());  // (P*M, N)
+  const uint8_t* wp = weight.data_ptr<uint8_t>();
+  float* yp = y.data_ptr<float>();
+  const bool vnni = use_vnni && cpu_has_vnni() && __builtin_cpu_supports("f16c");
+  // Each block's stream is read from memory once; its later row chunks find it in the cache.
+  at::parallel_for(0, ng, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      const uint8_t* wc = wp + c * groups * kW4GroupBytes;
+      for (int64_t r0 = 0; r0 < rows; r0 += kW4Rows) {
+        const int64_t r = std::min<int64_t>(kW4Rows, rows - r0);
+        if (vnni) {
+          kW4Tiles[r - 1](cp + r0 * kp, kp, sp + r0 * groups, groups, wc, groups, yp + r0 * n, n, 64 * c, n);
+        } else {
+          w4_rows_scalar(cp + r0 * kp, kp, sp + r0 * groups, groups, wc, groups, yp + r0 * n, n, r, 64 * c, n);
+        }
+      }
+    }
+  });
+  return rescaled(y, x, m, residual, step, step2, bias);
 }
 
 }  // namespace
@@ -275,8 +473,11 @@ TORCH_LIBRARY(specviz, m) {
         "__torch__.torch.classes.quantized.LinearPackedParamsBase packed, Tensor? bias, bool residual, "
         "Tensor? vnni_weight=None, Tensor? vnni_offsets=None, Tensor? vnni_scales=None, int vnni_max_rows=0) -> Tensor");
   m.def("vnni_available() -> bool", TORCH_FN(vnni_available));
+  m.def("w4a8_token_linear(Tensor x, Tensor inv_smooth, Tensor weight, Tensor? bias, bool residual, "
+        "int out_features, bool use_vnni=True) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specviz, CPU, m) {
   m.impl("w8a8_token_linear", TORCH_FN(w8a8_token_linear));
+  m.impl("w4a8_token_linear", TORCH_FN(w4a8_token_linear));
 }
