@@ -37,7 +37,7 @@ from torch import nn
 
 from specviz.models.extension import vnni_kernel, w4a8_token_op
 
-__all__ = ["W4A8TokenLinear", "w4a8_group", "pack_w4", "layout_w4", "unpack_w4", "W4_GROUP"]
+__all__ = ["W4A8TokenLinear", "smoothing", "pack_w4", "layout_w4", "unpack_w4", "W4_GROUP"]
 
 #: inputs per weight group (one scale and one minimum each)
 W4_GROUP = 64
@@ -47,10 +47,13 @@ _CODES = 127.0  # activation codes [-127, 127], as w8a8-token's
 _GROUP_BYTES = 8 * 256 + 4 * _BLOCK  # a group of a block: 8 lines of weight bytes, 64 fp16 scales, 64 fp16 minimums
 
 
-def _smoothing(w: torch.Tensor, input_absmax: torch.Tensor | None, alpha: float) -> torch.Tensor:
-    """SmoothQuant's per-input factor ``s`` (the input is divided by it, the weight's columns
-    multiplied), as :class:`~specviz.models.weights.W8A8Linear` computes it; ones without
-    an input range."""
+def smoothing(w: torch.Tensor, input_absmax: torch.Tensor | None, alpha: float) -> torch.Tensor:
+    """SmoothQuant's per-input factor ``s`` of weight ``w`` (N, K) (the input is divided by
+    it, the weight's columns multiplied), for this module's and
+    :class:`~specviz.models.weights.W8A8Linear`'s layers; ones without an input range.
+
+    Raises:
+        ValueError: ``input_absmax`` does not have K entries."""
     k = w.shape[1]
     if input_absmax is None:
         return torch.ones(k)
@@ -160,7 +163,7 @@ class W4A8TokenLinear(nn.Module):
         super().__init__()
         w = weight.detach().float()  # (N, K)
         self.out_features, self.in_features = w.shape
-        smooth = _smoothing(w, input_absmax, alpha)
+        smooth = smoothing(w, input_absmax, alpha)
         self.register_buffer("packed", pack_w4(w * smooth[None, :]))
         self.register_buffer("inv_smooth", (1.0 / smooth).contiguous())
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
@@ -250,22 +253,3 @@ class W4A8TokenLinear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, group={W4_GROUP}, "
                 f"alpha={self.alpha}, residual={self.residual}, bias={self.bias is not None}")
-
-
-def w4a8_group(linears: dict[str, nn.Linear], input_absmax: torch.Tensor | None = None, residual: bool = True):
-    """One :class:`~specviz.models.weights.SharedInputGroup` of :class:`W4A8TokenLinear`
-    for ``linears`` (name -> layer, in column order; one input width), as
-    ``SharedInputGroup.from_linears`` builds it for ``w8a8-token``."""
-    from specviz.models.weights import SharedInputGroup
-
-    layers = list(linears.values())
-    widths = {lin.in_features for lin in layers}
-    if len(widths) != 1:
-        raise ValueError(f"layers {list(linears)} read inputs of different widths {sorted(widths)}")
-    weight = torch.cat([lin.weight.detach().float() for lin in layers])
-    bias = None
-    if any(lin.bias is not None for lin in layers):
-        bias = torch.cat([lin.bias.detach().float() if lin.bias is not None else torch.zeros(lin.out_features)
-                          for lin in layers])
-    layer = W4A8TokenLinear(weight, bias, input_absmax, residual=residual)
-    return SharedInputGroup(layer, tuple(linears), tuple(lin.out_features for lin in layers))

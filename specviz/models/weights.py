@@ -42,6 +42,7 @@ G = K / group_size groups per output channel, Np = N rounded up to a multiple of
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -52,7 +53,7 @@ import torch
 from torch import nn
 
 from specviz.models.extension import vnni_kernel, w8a8_token_op
-from specviz.models.w4a8 import W4A8TokenLinear, w4a8_group
+from specviz.models.w4a8 import W4A8TokenLinear, smoothing
 from specviz.validate import check_choice
 
 __all__ = [
@@ -271,13 +272,7 @@ class W8A8Linear(nn.Module):
                              f"{torch.backends.quantized.supported_engines}; use int8 instead")
         w = weight.detach().float()  # (N, K)
         self.out_features, self.in_features = w.shape
-        if input_absmax is None:
-            smooth = torch.ones(self.in_features)
-        else:
-            if input_absmax.shape != (self.in_features,):
-                raise ValueError(f"input_absmax must have shape ({self.in_features},), got {tuple(input_absmax.shape)}")
-            a = input_absmax.detach().float().clamp(min=1e-5)
-            smooth = (a ** alpha / w.abs().amax(dim=0).clamp(min=1e-5) ** (1.0 - alpha)).clamp(1e-3, 1e3)  # (K,)
+        smooth = smoothing(w, input_absmax, alpha)  # (K,)
         w = w * smooth[None, :]
         levels = _W8A8_WEIGHT_LEVELS
         scales = _bf16_at_least(w.abs().amax(dim=1).clamp(min=1e-12) / levels)  # (N,)
@@ -549,9 +544,11 @@ class SharedInputGroup(nn.Module):
 
     @classmethod
     def from_linears(cls, linears: dict[str, nn.Linear], input_absmax: torch.Tensor | None = None,
-                     residual: bool = True) -> "SharedInputGroup":
+                     residual: bool = True, layer_class: type | None = None) -> "SharedInputGroup":
         """One group for ``linears`` (name -> layer, in column order), which must have the
-        same ``in_features``; a member without bias gets zeros if another has one."""
+        same ``in_features``; a member without bias gets zeros if another has one. The fused
+        layer is a ``layer_class`` (default :class:`W8A8TokenLinear`;
+        :class:`~specviz.models.w4a8.W4A8TokenLinear` for ``w4a8-token``)."""
         layers = list(linears.values())
         widths = {lin.in_features for lin in layers}
         if len(widths) != 1:
@@ -561,7 +558,7 @@ class SharedInputGroup(nn.Module):
         if any(lin.bias is not None for lin in layers):
             bias = torch.cat([lin.bias.detach().float() if lin.bias is not None
                               else torch.zeros(lin.out_features) for lin in layers])
-        layer = W8A8TokenLinear(weight, bias, input_absmax, residual=residual)
+        layer = (layer_class or W8A8TokenLinear)(weight, bias, input_absmax, residual=residual)
         return cls(layer, tuple(linears), tuple(lin.out_features for lin in layers))
 
     def extra_repr(self) -> str:
@@ -671,7 +668,7 @@ WEIGHT_MODES: dict[str, WeightMode] = {
                    "(per token, with w8a8-token's residual pass; batch-invariant); fp32 activations between layers",
                    False, torch.float32, W4A8TokenLinear.from_linear, calibrated=True, devices=_CPU_ONLY,
                    shared_inputs=(("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")),
-                   convert_group=w4a8_group),
+                   convert_group=functools.partial(SharedInputGroup.from_linears, layer_class=W4A8TokenLinear)),
     )
 }
 
