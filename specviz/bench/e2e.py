@@ -139,7 +139,8 @@ COLUMNS: tuple[str, ...] = (
     "method", "question_id", "category", "repeat", "position", "prompt_tokens", "new_tokens", "wall_s",
     "tokens_per_s", "speedup", "target_calls", "steps", "tau", "drafted", "accepted", "acceptance_rate",
     "matches_plain", "prefix_match", "stop", "draft_s", "verify_s", "drafter", "verifier", "temperature",
-    "max_new_tokens", "seed", "dtype", "draft_dtype", "device", "target", "draft", "threads", "load1", "output_ids",
+    "max_new_tokens", "seed", "dtype", "draft_dtype", "draft_layers", "device", "target", "draft", "threads", "load1",
+    "output_ids",
 )
 
 
@@ -382,7 +383,8 @@ def load_results(path: str | os.PathLike) -> pd.DataFrame:
         ValueError: the file lacks columns of :data:`COLUMNS`.
 
     Files written before the ``device`` column existed were measured on the CPU and read
-    with ``device`` "cpu"; before ``draft_dtype``, both models ran in ``dtype``.
+    with ``device`` "cpu"; before ``draft_dtype``, both models ran in ``dtype``; before
+    ``draft_layers``, the draft ran its modules' forward ("modules", not "fused").
     """
     path = Path(path)
     if not path.is_file():
@@ -392,6 +394,9 @@ def load_results(path: str | os.PathLike) -> pd.DataFrame:
     if "draft_dtype" in missing and "dtype" in df.columns:
         df.insert(list(df.columns).index("dtype") + 1, "draft_dtype", df["dtype"])
         missing.remove("draft_dtype")
+    if "draft_layers" in missing and "draft_dtype" in df.columns:
+        df.insert(list(df.columns).index("draft_dtype") + 1, "draft_layers", "modules")
+        missing.remove("draft_layers")
     if missing == ["device"]:
         df.insert(COLUMNS.index("device"), "device", "cpu")
         missing = []

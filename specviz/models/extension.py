@@ -18,6 +18,8 @@ outputs (:func:`vnni_kernel` says whether it runs; ``SPECVIZ_NO_VNNI=1`` keeps f
 The layer keeps its weights in both layouts (fbgemm's for prefills), twice the int8 bytes
 in memory.
 
+The same library holds ``torch.ops.specviz.w4a8_decoder_layer``, a whole decoder layer of
+a ``w4a8-token`` draft in one call (:mod:`specviz.models.fused`).
 It is compiled on first use with PyTorch's ``cpp_extension`` (a C++ compiler and the
 Python headers are needed; about half a minute on 2 cores) into PyTorch's extension directory
 (``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``), under a name that

@@ -42,6 +42,7 @@ from transformers import DynamicCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from specviz.models.device import model_device, to_device
+from specviz.models.fused import FUSED_MAX_TOKENS, causal_over_cache, fused_forward, fused_support, is_fused
 from specviz.attention.hf import ATTENTION_CHOICES, SHARED_KEYS_KWARG, SPECVIZ_ATTENTION, attention_implementation
 from specviz.validate import check_choice
 
@@ -425,6 +426,45 @@ def _append_slots(layer, name: str, new: torch.Tensor) -> torch.Tensor:
     return buf.narrow(2, 0, total)
 
 
+def reserve_slots(cache: DynamicCache, index: int, n: int, rows: int, kv_heads: int, head_dim: int,
+                  like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Room for ``n`` more slots in layer ``index`` of ``cache``, for a forward that writes
+    its new keys and values itself (:func:`~specviz.models.fused.fused_forward`).
+
+    The layer's keys and values become views of ``held + n`` slots at the front of buffers
+    as in :func:`_append_slots` (with at least as much spare room), whose last ``n`` slots
+    the caller must fill. ``like`` gives the dtype and device of a layer that holds nothing
+    yet.
+
+    Returns:
+        ``(key buffer, value buffer, held)``, the buffers ``(B, H, capacity, D)``.
+    """
+    layer = cache.layers[index]
+    if not layer.is_initialized:
+        empty = like.new_empty((rows, kv_heads, 0, head_dim))
+        layer.lazy_initialization(empty, empty)
+    buffers = layer.__dict__.get("_specviz_buffers")
+    if buffers is None:
+        buffers = layer._specviz_buffers = {}
+    out = []
+    held = 0
+    for name in ("keys", "values"):
+        old = getattr(layer, name)  # (B, H, S, D), or an empty tensor
+        held = old.shape[2] if old.dim() == 4 else 0
+        buf = buffers.get(name)
+        if not (buf is not None and held + n <= buf.shape[2] and (not held or old.data_ptr() == buf.data_ptr())
+                and old.dtype is buf.dtype and (not held or old.stride() == buf.stride())
+                and buf.shape[:2] == (rows, kv_heads) and old.device == buf.device):
+            total = held + n
+            buf = like.new_empty((rows, kv_heads, total + max(APPEND_SLACK, total // 2), head_dim))
+            if held:
+                buf.narrow(2, 0, held).copy_(old)
+            buffers[name] = buf
+        setattr(layer, name, buf.narrow(2, 0, held + n))
+        out.append(buf)
+    return out[0], out[1], held
+
+
 def _append(cache: DynamicCache, k: torch.Tensor, v: torch.Tensor, index: int):
     """``cache.update(k, v, index)`` for a full-attention ``DynamicLayer``, appending in
     place where the layer has room (:func:`_append_slots`); ``(keys, values)``."""
@@ -525,6 +565,14 @@ def forward_tokens(model, cache: DynamicCache, tokens: torch.Tensor, position_id
     ``attention="sdpa"``, a prefill without a mask, other classes and
     models with forward hooks on the model or its decoder run ``model(...)`` itself.
 
+    A draft opted in with :func:`~specviz.models.fused.fuse_layers` (what
+    :func:`~specviz.models.loading.load_pair` does for a ``w4a8-token`` draft) runs each
+    decoder layer as one compiled call (:func:`~specviz.models.fused.fused_forward`)
+    wherever every new token sees its whole cache and the new tokens before it (``allowed``
+    None or exactly that causal mask) and there are at most
+    :data:`~specviz.models.fused.FUSED_MAX_TOKENS` of them: its logits then differ from ``model(...)``'s by
+    rounding, which only moves what the draft proposes.
+
     Returns:
         ``(B, N, V)`` float32 CPU logits (``(B, logits_to_keep, V)`` when it is set); with
         ``hidden``, the pair ``(logits, hidden)`` with ``hidden`` ``(B, N, E)`` float32 on
@@ -539,6 +587,11 @@ def forward_tokens(model, cache: DynamicCache, tokens: torch.Tensor, position_id
         raise ValueError(f"mask must have shape {(b, n, s + n)} (cache {s} + new {n}), "
                          f"got {tuple(allowed.shape)}")
     device = model_device(model)
+    if (is_fused(model) and attention != "sdpa" and n <= FUSED_MAX_TOKENS and causal_over_cache(allowed, s)
+            and fused_support(model) is None):
+        logits, last = fused_forward(model, cache, tokens, position_ids, logits_to_keep, hidden, head)
+        logits = logits.float().cpu()
+        return (logits, last.float().cpu()) if hidden else logits
     direct = attention != "sdpa" and (allowed is not None or n == 1) and _direct_forward_supported(model)
     if head is not None and not direct:  # model(...) runs its own head; ``head`` scores its hidden states
         with _capture_hidden(model) as captured:

@@ -791,13 +791,17 @@ def check_same_tokenizer(target_tok, draft_tok) -> None:
 def load_pair(target: "str | LoadedModel" = DEFAULT_TARGET, draft: "str | LoadedModel" = DEFAULT_DRAFT,
               dtype: WeightMode | torch.dtype | str = torch.bfloat16,
               cache: str | os.PathLike | None = None, device: "str | torch.device | None" = None,
-              draft_dtype: WeightMode | torch.dtype | str | None = None) -> ModelPair:
+              draft_dtype: WeightMode | torch.dtype | str | None = None, fused_draft: bool = True) -> ModelPair:
     """Load a target and a draft model in weight mode ``dtype`` on ``device`` (as in
     :func:`load_model`) and check that they share a tokenizer.
 
     ``draft_dtype`` loads the draft in another mode (None: ``dtype``; ``"auto"``: the
     target's resolved mode). A draft's accuracy costs acceptance, never exactness, so a
     faster, less accurate mode can pay there (``w4a8-token``).
+
+    ``fused_draft``: a draft in ``w4a8-token`` on the CPU runs each decoder layer as one
+    compiled call (:mod:`specviz.models.fused`: about a quarter faster per forward, its
+    logits different from the modules' by rounding); False keeps the modules' forward.
 
     Raises:
         TokenizerMismatchError: the vocabularies or special tokens differ (says which).
@@ -813,7 +817,19 @@ def load_pair(target: "str | LoadedModel" = DEFAULT_TARGET, draft: "str | Loaded
         raise TokenizerMismatchError(
             f"target and draft output layers differ in size: target vocab_size {t.vocab_size}, "
             f"draft vocab_size {d.vocab_size}")
-    return ModelPair(target=t, draft=d)
+    return _with_fused_draft(ModelPair(target=t, draft=d), fused_draft)
+
+
+def _with_fused_draft(pair: ModelPair, enabled: bool) -> ModelPair:
+    """``pair`` with its draft's decoder layers fused (:func:`~specviz.models.fused.fuse_layers`)
+    where ``enabled`` and :func:`~specviz.models.fused.fused_support` allow (a ``w4a8-token``
+    draft on the CPU that is not the target itself), and unfused otherwise."""
+    from specviz.models.fused import fuse_layers, fused_support
+
+    draft = pair.draft.model
+    fuse_layers(draft, bool(enabled) and pair.draft.weight_mode == "w4a8-token" and draft is not pair.target.model
+                and fused_support(draft) is None)
+    return pair
 
 
 # -- tiny random models ------------------------------------------------------------------
@@ -887,12 +903,13 @@ def tiny_model(seed: int = 0, n_layers: int = 2, hidden: int = 64, n_heads: int 
 
 def tiny_pair(seed: int = 0, noise: float = 0.1, dtype: WeightMode | torch.dtype | str = torch.float32,
               device: "str | torch.device" = "cpu",
-              draft_dtype: WeightMode | torch.dtype | str | None = None) -> ModelPair:
+              draft_dtype: WeightMode | torch.dtype | str | None = None, fused_draft: bool = True) -> ModelPair:
     """A tiny target and a draft that is the target with relative Gaussian noise on every
     weight matrix, so the draft's top-1 agrees with the target's often but not always
     (about two tokens in three at the default ``noise``). In an int8/int4/fp32-wx mode
     both are built in fp32, then converted. Both are drawn on the CPU, then moved to ``device``.
-    ``draft_dtype`` puts the draft in another mode (None: ``dtype``)."""
+    ``draft_dtype`` puts the draft in another mode (None: ``dtype``); ``fused_draft`` as for
+    :func:`load_pair`."""
     mode = parse_weight_mode(dtype)
     draft_mode = mode if draft_dtype is None else parse_weight_mode(draft_dtype)
     dev = resolve_device(device, mode)
@@ -907,4 +924,4 @@ def tiny_pair(seed: int = 0, noise: float = 0.1, dtype: WeightMode | torch.dtype
     draft = LoadedModel(name=f"tiny-qwen2-seed{seed}-draft", model=draft_model.eval(),
                         tokenizer=target.tokenizer, dtype=target.dtype)
     target, draft = load_model(target, mode, device=dev), load_model(draft, draft_mode, device=dev)
-    return ModelPair(target=target, draft=draft)
+    return _with_fused_draft(ModelPair(target=target, draft=draft), fused_draft)
