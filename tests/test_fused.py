@@ -11,7 +11,8 @@ from specviz.draft.fallback import FallbackDrafter
 from specviz.draft.model import ChainDrafter, DynamicTreeDrafter, TreeDrafter
 from specviz.draft.ngram import NgramDrafter
 from specviz.models.extension import w4a8_token_op
-from specviz.models.fused import FUSED_MAX_TOKENS, causal_over_cache, fuse_layers, fused_support, is_fused
+from specviz.models.fused import (FUSED_MAX_TOKENS, causal_over_cache, fuse_layers, fused_support, is_fused,
+                                  layers_of)
 from specviz.models.kvcache import _direct_forward_supported, cache_length, crop_cache, forward_tokens, new_cache
 from specviz.models.loading import load_model
 from specviz.models.loading import tiny_pair as make_tiny_pair
@@ -27,9 +28,10 @@ def w4_pair():
     return make_tiny_pair(dtype="fp32", draft_dtype="w4a8-token")
 
 
-def _decode(model, ids: torch.Tensor, steps: int, fused: bool):
-    """Prefill ``ids`` then ``steps`` greedy one-token forwards; (logits per step, cache)."""
-    fuse_layers(model, fused)
+def _decode(model, ids: torch.Tensor, steps: int, layers: str):
+    """Prefill ``ids`` then ``steps`` greedy one-token forwards with the draft's layers run
+    as ``layers``; (logits per step, cache)."""
+    fuse_layers(model, layers)
     try:
         cache = new_cache(model)
         n = ids.shape[1]
@@ -39,36 +41,49 @@ def _decode(model, ids: torch.Tensor, steps: int, fused: bool):
             logits.append(forward_tokens(model, cache, token, torch.tensor([[n + i]]), None, 1)[0, -1])
         return torch.stack(logits), cache
     finally:
-        fuse_layers(model, True)
+        fuse_layers(model)
 
 
 def test_load_pair_fuses_a_w4a8_draft_only(w4_pair):
-    assert is_fused(w4_pair.draft.model) and not is_fused(w4_pair.target.model)
+    assert layers_of(w4_pair.draft.model) == "fused-one-pass" and not is_fused(w4_pair.target.model)
     assert fused_support(w4_pair.draft.model) is None
     assert "not w4a8-token layers" in fused_support(w4_pair.target.model)
-    assert not is_fused(make_tiny_pair(dtype="fp32", draft_dtype="w4a8-token", fused_draft=False).draft.model)
+    for layers in ("modules", "fused"):
+        pair = make_tiny_pair(dtype="fp32", draft_dtype="w4a8-token", draft_layers=layers)
+        assert layers_of(pair.draft.model) == layers
     assert not is_fused(make_tiny_pair(dtype="w8a8-token").draft.model)  # another mode: modules
+    with pytest.raises(ValueError, match="draft_layers must be one of"):
+        make_tiny_pair(draft_dtype="w4a8-token", draft_layers="fast")
+    with pytest.raises(ValueError, match="layers must be one of"):
+        fuse_layers(w4_pair.draft.model, True)
 
 
 def test_fused_layers_approximate_the_modules_and_fill_the_same_cache(w4_pair):
     model = w4_pair.draft.model
     ids = w4_pair.draft.tokenizer(PROMPT, return_tensors="pt").input_ids
-    fused, fused_cache = _decode(model, ids, 12, fused=True)
-    modules, module_cache = _decode(model, ids, 12, fused=False)
+    modules, module_cache = _decode(model, ids, 12, "modules")
     scale = modules.abs().max()
-    assert (fused - modules).abs().max() < 0.02 * scale  # rounding, not a different computation
-    assert not torch.equal(fused, modules)  # its own float code: not the modules' bits
-    assert (fused.argmax(-1) == modules.argmax(-1)).float().mean() >= 0.9
-    assert cache_length(fused_cache) == cache_length(module_cache) == ids.shape[1] + 12
-    for a, b in zip(fused_cache.layers, module_cache.layers):
-        assert a.keys.shape == b.keys.shape and (a.keys - b.keys).abs().max() < 0.02 * b.keys.abs().max()
-        assert (a.values - b.values).abs().max() < 0.02 * b.values.abs().max()
+    results = {}
+    for layers, tolerance in (("fused", 0.02), ("fused-one-pass", 0.05)):
+        fused, fused_cache = results[layers] = _decode(model, ids, 12, layers)
+        assert (fused - modules).abs().max() < tolerance * scale  # rounding, not a different computation
+        assert not torch.equal(fused, modules)  # its own float code: not the modules' bits
+        assert (fused.argmax(-1) == modules.argmax(-1)).float().mean() >= 0.8
+        assert cache_length(fused_cache) == cache_length(module_cache) == ids.shape[1] + 12
+        for a, b in zip(fused_cache.layers, module_cache.layers):
+            assert a.keys.shape == b.keys.shape
+            assert (a.keys - b.keys).abs().max() < tolerance * b.keys.abs().max()
+            assert (a.values - b.values).abs().max() < tolerance * b.values.abs().max()
+    # one activation pass is other arithmetic than two
+    assert not torch.equal(results["fused"][0], results["fused-one-pass"][0])
 
 
-def test_a_fused_forward_of_several_tokens_equals_one_token_forwards_bit_for_bit(w4_pair):
+@pytest.mark.parametrize("layers", ["fused", "fused-one-pass"])
+def test_a_fused_forward_of_several_tokens_equals_one_token_forwards_bit_for_bit(w4_pair, layers):
     """Every row runs the same code whatever the forward holds: a catch-up of three tokens
     gives each token the logits and cache entries of feeding it alone."""
     model = w4_pair.draft.model
+    fuse_layers(model, layers)
     ids = w4_pair.draft.tokenizer(PROMPT, return_tensors="pt").input_ids
     n = ids.shape[1]
     new = torch.tensor([[11, 12, 13]])
@@ -83,6 +98,7 @@ def test_a_fused_forward_of_several_tokens_equals_one_token_forwards_bit_for_bit
     assert torch.equal(singles, together)
     for a, b in zip(one.layers, three.layers):
         assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+    fuse_layers(model)
 
 
 def test_tree_masks_run_the_modules_and_crops_reuse_the_buffers(w4_pair, monkeypatch):
@@ -125,7 +141,7 @@ def test_tree_masks_run_the_modules_and_crops_reuse_the_buffers(w4_pair, monkeyp
 @pytest.mark.parametrize("target_dtype", ["fp32", "w8a8-token"])
 def test_a_fused_draft_keeps_greedy_decoding_exact(make, target_dtype):
     pair = make_tiny_pair(dtype=target_dtype, draft_dtype="w4a8-token")
-    assert is_fused(pair.draft.model)
+    assert layers_of(pair.draft.model) == "fused-one-pass"
     plain = plain_generate(pair.target, PROMPT, max_new_tokens=32)
     spec = speculative_generate(pair.target, make(pair.draft), PROMPT, max_new_tokens=32)
     assert spec.output_ids == plain.output_ids
@@ -170,15 +186,17 @@ def test_bench_records_how_the_draft_layers_ran(tmp_path, capsys):
     common = ["--models", "tiny", "--dtype", "fp32", "--draft-dtype", "w4a8-token", "--limit", "1",
               "--max-new-tokens", "8", "--warmup-tokens", "2", "--no-predict", "--methods", "plain", "chain-k2"]
     assert main(common + ["--out", str(out)]) == 0
-    assert "draft decoder layers: fused" in capsys.readouterr().out
+    assert "draft decoder layers: fused-one-pass" in capsys.readouterr().out
     rows = load_results(out)
-    assert set(rows["draft_layers"]) == {"fused"}
+    assert set(rows["draft_layers"]) == {"fused-one-pass"}
     assert bool(rows.loc[rows["method"] == "chain-k2", "matches_plain"].all())
-    assert main(common + ["--no-fused-draft", "--out", str(out)]) == 2  # resuming another way is refused
+    assert main(common + ["--draft-layers", "fused", "--out", str(out)]) == 2  # resuming another way is refused
     assert "draft_layers" in capsys.readouterr().err
     other = tmp_path / "modules.csv"
-    assert main(common + ["--no-fused-draft", "--out", str(other)]) == 0
+    assert main(common + ["--draft-layers", "modules", "--out", str(other)]) == 0
     assert set(load_results(other)["draft_layers"]) == {"modules"}
+    assert main(common + ["--draft-layers", "fast", "--out", str(other)]) == 2
+    assert "invalid choice: 'fast'" in capsys.readouterr().err
     old = pd.read_csv(out).drop(columns=["draft_layers"])  # a file from before the column
     old.to_csv(tmp_path / "old.csv", index=False)
     back = load_results(tmp_path / "old.csv")

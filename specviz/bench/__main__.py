@@ -63,6 +63,7 @@ from specviz.draft.registry import MethodSpec, build_drafter, heads_kinds
 from specviz.locations import output_path
 from specviz.models.auto import is_auto, resolve_auto
 from specviz.models.device import resolve_device
+from specviz.models.fused import DEFAULT_DRAFT_LAYERS, DRAFT_LAYERS
 
 __all__ = ["main"]
 
@@ -121,9 +122,10 @@ def _e2e_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-dtype", default=None,
                    help="weight mode of the draft model alone (default: --dtype), e.g. w4a8-token: a draft's "
                         "accuracy costs acceptance, never exactness; plain decoding and the peers keep --dtype")
-    p.add_argument("--no-fused-draft", dest="fused_draft", action="store_false",
-                   help="run a w4a8-token draft's decoder layers as its modules instead of one compiled call per "
-                        "layer (the default on the CPU; recorded in the draft_layers column)")
+    p.add_argument("--draft-layers", choices=DRAFT_LAYERS, default=DEFAULT_DRAFT_LAYERS,
+                   help="how a w4a8-token draft on the CPU runs its decoder layers: fused-one-pass (default: one "
+                        "compiled call per layer, activations in one pass), fused (the mode's two activation "
+                        "passes) or modules; recorded in the draft_layers column (other drafts: modules)")
     p.add_argument("--device", default="auto",
                    help="where the models run: auto (default: CUDA, then MPS, then the CPU, among those "
                         "that run --dtype), cpu, cuda[:N] or mps")
@@ -228,9 +230,10 @@ def _load_models(args: argparse.Namespace):
 
     dtype = args.dtype
     if args.models == "tiny":
-        return tiny_pair(dtype=dtype, device=args.device, draft_dtype=args.draft_dtype, fused_draft=args.fused_draft)
+        return tiny_pair(dtype=dtype, device=args.device, draft_dtype=args.draft_dtype,
+                         draft_layers=args.draft_layers)
     return load_pair(args.target or DEFAULT_TARGET, args.draft or DEFAULT_DRAFT, dtype=dtype, device=args.device,
-                     draft_dtype=args.draft_dtype, fused_draft=args.fused_draft)
+                     draft_dtype=args.draft_dtype, draft_layers=args.draft_layers)
 
 
 def _resolve_models(args: argparse.Namespace) -> tuple[tuple[str, str], torch.device]:
@@ -272,14 +275,13 @@ def _resolve_models(args: argparse.Namespace) -> tuple[tuple[str, str], torch.de
 
 
 def _draft_layers(args: argparse.Namespace, device: torch.device) -> str:
-    """How the draft's decoder layers run: "fused" (one compiled call per layer,
-    :mod:`specviz.models.fused`) for a ``w4a8-token`` draft on the CPU where the compiled
-    operator loads, unless ``--no-fused-draft``; else "modules"."""
+    """How the draft's decoder layers run (:mod:`specviz.models.fused`): ``--draft-layers``
+    for a ``w4a8-token`` draft on the CPU where the compiled operator loads, else
+    "modules"."""
     from specviz.models.extension import w4a8_token_op
 
-    fused = (args.fused_draft and args.draft_dtype == "w4a8-token" and device.type == "cpu"
-             and w4a8_token_op() is not None)
-    return "fused" if fused else "modules"
+    fusable = args.draft_dtype == "w4a8-token" and device.type == "cpu" and w4a8_token_op() is not None
+    return args.draft_layers if fusable else "modules"
 
 
 def _existing_rows(out: Path, fresh: bool) -> pd.DataFrame:
@@ -438,8 +440,9 @@ def _run(args: argparse.Namespace, specs: list[MethodSpec]) -> int:
     print(f"rows: {out} ({len(existing)} already there, {sum(len(t) for *_, t in rounds)} to run)")
     if args.draft_dtype != dtype:
         print(f"draft model in {args.draft_dtype}")
-    if args.draft_layers == "fused":
-        print("draft decoder layers: fused (one compiled call per layer)")
+    if args.draft_layers != "modules":
+        passes = "one activation pass" if args.draft_layers == "fused-one-pass" else "two activation passes"
+        print(f"draft decoder layers: {args.draft_layers} (one compiled call per layer, {passes})")
     if "w8a8-token" in (dtype, args.draft_dtype):
         from specviz.models.extension import fused_op_status, vnni_kernel
 
@@ -590,11 +593,11 @@ def _measure(args, specs: list[MethodSpec], prompts, rounds, existing: pd.DataFr
         pair = _load_models(args)
         print(f"models: {pair.target.name} (target), {pair.draft.name} (draft), loaded in "
               f"{time.perf_counter() - t0:.1f}s")
-        from specviz.models.fused import fused_support, is_fused
+        from specviz.models.fused import fused_support, layers_of
 
-        if args.draft_layers == "fused" and not is_fused(pair.draft.model):
+        if layers_of(pair.draft.model) != args.draft_layers:
             raise _UsageError(f"the draft's layers cannot be fused ({fused_support(pair.draft.model)}); "
-                              "pass --no-fused-draft")
+                              "pass --draft-layers modules")
         kinds = sorted(set().union(*(heads_kinds(s) for s in specs if s.is_strategy)))
         if kinds:
             from specviz.heads.training import find_heads
@@ -740,8 +743,8 @@ def _profile_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft", default=None, help="draft model (default: the built-in 0.5B)")
     p.add_argument("--dtype", default="bf16", help="weight mode of both models, as for the benchmark (default bf16)")
     p.add_argument("--draft-dtype", default=None, help="weight mode of the draft alone (default: --dtype)")
-    p.add_argument("--no-fused-draft", dest="fused_draft", action="store_false",
-                   help="run a w4a8-token draft's decoder layers as its modules, not fused")
+    p.add_argument("--draft-layers", choices=DRAFT_LAYERS, default=DEFAULT_DRAFT_LAYERS,
+                   help="how a w4a8-token draft runs its decoder layers (default: %(default)s)")
     p.add_argument("--device", default="auto", help="auto (default), cpu, cuda[:N] or mps")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     p.add_argument("--heads", nargs="+", default=None, metavar="DIR",

@@ -46,8 +46,10 @@ import torch
 
 from specviz.models.auto import is_auto, resolve_auto
 from specviz.models.device import model_device, resolve_device
+from specviz.models.fused import DRAFT_LAYERS
 from specviz.models.weights import (CACHEABLE_MODES, WEIGHT_MODES, WeightMode, converted_layers, parse_weight_mode,
                                     quantize_model, restore_converted, weight_mode_of)
+from specviz.validate import check_choice
 
 __all__ = [
     "BuiltinModel",
@@ -791,7 +793,8 @@ def check_same_tokenizer(target_tok, draft_tok) -> None:
 def load_pair(target: "str | LoadedModel" = DEFAULT_TARGET, draft: "str | LoadedModel" = DEFAULT_DRAFT,
               dtype: WeightMode | torch.dtype | str = torch.bfloat16,
               cache: str | os.PathLike | None = None, device: "str | torch.device | None" = None,
-              draft_dtype: WeightMode | torch.dtype | str | None = None, fused_draft: bool = True) -> ModelPair:
+              draft_dtype: WeightMode | torch.dtype | str | None = None,
+              draft_layers: str = "fused-one-pass") -> ModelPair:
     """Load a target and a draft model in weight mode ``dtype`` on ``device`` (as in
     :func:`load_model`) and check that they share a tokenizer.
 
@@ -799,13 +802,16 @@ def load_pair(target: "str | LoadedModel" = DEFAULT_TARGET, draft: "str | Loaded
     target's resolved mode). A draft's accuracy costs acceptance, never exactness, so a
     faster, less accurate mode can pay there (``w4a8-token``).
 
-    ``fused_draft``: a draft in ``w4a8-token`` on the CPU runs each decoder layer as one
-    compiled call (:mod:`specviz.models.fused`: about a quarter faster per forward, its
-    logits different from the modules' by rounding); False keeps the modules' forward.
+    ``draft_layers``: how a draft in ``w4a8-token`` on the CPU runs its decoder layers
+    (:mod:`specviz.models.fused`): ``"fused-one-pass"`` (default: one compiled call per
+    layer, activations quantized in one pass; about a third faster per forward, its logits
+    different from the modules' by rounding), ``"fused"`` (the mode's two activation
+    passes) or ``"modules"`` (the modules' forward). Other drafts run their modules.
 
     Raises:
         TokenizerMismatchError: the vocabularies or special tokens differ (says which).
     """
+    check_choice("draft_layers", draft_layers, DRAFT_LAYERS)
     if is_auto(dtype):
         dtype = resolve_auto(target, device, cache)  # the target's choice, for both models
     if draft_dtype is None or is_auto(draft_dtype):
@@ -817,18 +823,19 @@ def load_pair(target: "str | LoadedModel" = DEFAULT_TARGET, draft: "str | Loaded
         raise TokenizerMismatchError(
             f"target and draft output layers differ in size: target vocab_size {t.vocab_size}, "
             f"draft vocab_size {d.vocab_size}")
-    return _with_fused_draft(ModelPair(target=t, draft=d), fused_draft)
+    return _with_draft_layers(ModelPair(target=t, draft=d), draft_layers)
 
 
-def _with_fused_draft(pair: ModelPair, enabled: bool) -> ModelPair:
-    """``pair`` with its draft's decoder layers fused (:func:`~specviz.models.fused.fuse_layers`)
-    where ``enabled`` and :func:`~specviz.models.fused.fused_support` allow (a ``w4a8-token``
-    draft on the CPU that is not the target itself), and unfused otherwise."""
+def _with_draft_layers(pair: ModelPair, layers: str) -> ModelPair:
+    """``pair`` with its draft's decoder layers run as ``layers`` says
+    (:func:`~specviz.models.fused.fuse_layers`) where
+    :func:`~specviz.models.fused.fused_support` allows (a ``w4a8-token`` draft on the CPU
+    that is not the target itself), and as its modules otherwise."""
     from specviz.models.fused import fuse_layers, fused_support
 
     draft = pair.draft.model
-    fuse_layers(draft, bool(enabled) and pair.draft.weight_mode == "w4a8-token" and draft is not pair.target.model
-                and fused_support(draft) is None)
+    fusable = pair.draft.weight_mode == "w4a8-token" and draft is not pair.target.model and fused_support(draft) is None
+    fuse_layers(draft, layers if fusable else "modules")
     return pair
 
 
@@ -903,15 +910,17 @@ def tiny_model(seed: int = 0, n_layers: int = 2, hidden: int = 64, n_heads: int 
 
 def tiny_pair(seed: int = 0, noise: float = 0.1, dtype: WeightMode | torch.dtype | str = torch.float32,
               device: "str | torch.device" = "cpu",
-              draft_dtype: WeightMode | torch.dtype | str | None = None, fused_draft: bool = True) -> ModelPair:
+              draft_dtype: WeightMode | torch.dtype | str | None = None,
+              draft_layers: str = "fused-one-pass") -> ModelPair:
     """A tiny target and a draft that is the target with relative Gaussian noise on every
     weight matrix, so the draft's top-1 agrees with the target's often but not always
     (about two tokens in three at the default ``noise``). In an int8/int4/fp32-wx mode
     both are built in fp32, then converted. Both are drawn on the CPU, then moved to ``device``.
-    ``draft_dtype`` puts the draft in another mode (None: ``dtype``); ``fused_draft`` as for
+    ``draft_dtype`` puts the draft in another mode (None: ``dtype``); ``draft_layers`` as for
     :func:`load_pair`."""
     mode = parse_weight_mode(dtype)
     draft_mode = mode if draft_dtype is None else parse_weight_mode(draft_dtype)
+    check_choice("draft_layers", draft_layers, DRAFT_LAYERS)
     dev = resolve_device(device, mode)
     resolve_device(dev, draft_mode)  # the draft's mode must run there too
     target = tiny_model(seed=seed, dtype=dtype if mode.convert is None and draft_mode is mode else "fp32")
@@ -924,4 +933,4 @@ def tiny_pair(seed: int = 0, noise: float = 0.1, dtype: WeightMode | torch.dtype
     draft = LoadedModel(name=f"tiny-qwen2-seed{seed}-draft", model=draft_model.eval(),
                         tokenizer=target.tokenizer, dtype=target.dtype)
     target, draft = load_model(target, mode, device=dev), load_model(draft, draft_mode, device=dev)
-    return _with_fused_draft(ModelPair(target=target, draft=draft), fused_draft)
+    return _with_draft_layers(ModelPair(target=target, draft=draft), draft_layers)

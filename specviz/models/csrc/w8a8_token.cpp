@@ -26,6 +26,7 @@
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
 #include <ATen/native/quantized/PackedParams.h>
+#include <ATen/record_function.h>
 #include <torch/library.h>
 
 #include <immintrin.h>
@@ -554,8 +555,14 @@ at::Tensor w4a8_decoder_layer(const at::Tensor& h, const at::Tensor& keys, const
   const int64_t qd = q_heads * d, kd = kv_heads * d, group = q_heads / kv_heads;
   at::Tensor x = h.reshape({m, e}).contiguous();  // (M, E)
   at::Tensor c = cos.contiguous(), s = sin.contiguous();
-  at::Tensor qkv = w4a8_token_linear(rms_norm(x, input_norm, eps), qkv_smooth, qkv_weight, qkv_bias, residual,
-                                     qd + 2 * kd, use_vnni);  // (M, QD + 2 KD)
+  // Each product shows in a profile as the layer operator's own (specviz.bench profile
+  // counts it as an integer product), the rest as this operator's time.
+  auto product = [&](const at::Tensor& in, const at::Tensor& smooth, const at::Tensor& weight,
+                     const std::optional<at::Tensor>& bias, int64_t outputs) {
+    RECORD_FUNCTION("specviz::w4a8_token_linear", std::vector<c10::IValue>());
+    return w4a8_token_linear(in, smooth, weight, bias, residual, outputs, use_vnni);
+  };
+  at::Tensor qkv = product(rms_norm(x, input_norm, eps), qkv_smooth, qkv_weight, qkv_bias, qd + 2 * kd);
   // Rotary embedding (x * cos + rotate_half(x) * sin) of queries and keys; keys and values
   // into their cache slots.
   at::Tensor q = at::empty({m, qd}, x.options());  // (M, heads * D)
@@ -587,40 +594,43 @@ at::Tensor w4a8_decoder_layer(const at::Tensor& h, const at::Tensor& keys, const
   at::Tensor att = at::empty({m, qd}, x.options());  // (M, heads * D), transformers' (B, N, heads, D)
   float* ap = att.data_ptr<float>();
   const float scale = static_cast<float>(scaling);
-  at::parallel_for(0, b * q_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> score(held + n);
-    for (int64_t job = begin; job < end; ++job) {
-      const int64_t row_b = job / q_heads, hq = job % q_heads, hk = hq / group;
-      const float* kb = kp + row_b * ks0 + hk * ks1;
-      const float* vb = vp + row_b * vs0 + hk * vs1;
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t r = row_b * n + i, len = held + i + 1;
-        const float* qr = qp + r * qd + hq * d;
-        float top = -INFINITY;
-        for (int64_t t = 0; t < len; ++t) {
-          score[t] = dot(qr, kb + t * ks2, d) * scale;
-          top = std::max(top, score[t]);
+  {
+    RECORD_FUNCTION("specviz::w4a8_decoder_layer_attention", std::vector<c10::IValue>());
+    at::parallel_for(0, b * q_heads, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> score(held + n);
+      for (int64_t job = begin; job < end; ++job) {
+        const int64_t row_b = job / q_heads, hq = job % q_heads, hk = hq / group;
+        const float* kb = kp + row_b * ks0 + hk * ks1;
+        const float* vb = vp + row_b * vs0 + hk * vs1;
+        for (int64_t i = 0; i < n; ++i) {
+          const int64_t r = row_b * n + i, len = held + i + 1;
+          const float* qr = qp + r * qd + hq * d;
+          float top = -INFINITY;
+          for (int64_t t = 0; t < len; ++t) {
+            score[t] = dot(qr, kb + t * ks2, d) * scale;
+            top = std::max(top, score[t]);
+          }
+          float total = 0.0f;
+          for (int64_t t = 0; t < len; ++t) {
+            score[t] = std::exp(score[t] - top);
+            total += score[t];
+          }
+          float* out = ap + r * qd + hq * d;
+          for (int64_t j = 0; j < d; ++j) out[j] = 0.0f;
+          for (int64_t t = 0; t < len; ++t) {
+            const float p = score[t];
+            const float* vr = vb + t * vs2;
+            for (int64_t j = 0; j < d; ++j) out[j] += p * vr[j];
+          }
+          const float inv = 1.0f / total;
+          for (int64_t j = 0; j < d; ++j) out[j] *= inv;
         }
-        float total = 0.0f;
-        for (int64_t t = 0; t < len; ++t) {
-          score[t] = std::exp(score[t] - top);
-          total += score[t];
-        }
-        float* out = ap + r * qd + hq * d;
-        for (int64_t j = 0; j < d; ++j) out[j] = 0.0f;
-        for (int64_t t = 0; t < len; ++t) {
-          const float p = score[t];
-          const float* vr = vb + t * vs2;
-          for (int64_t j = 0; j < d; ++j) out[j] += p * vr[j];
-        }
-        const float inv = 1.0f / total;
-        for (int64_t j = 0; j < d; ++j) out[j] *= inv;
       }
-    }
-  });
-  at::Tensor mid = x + w4a8_token_linear(att, o_smooth, o_weight, o_bias, residual, e, use_vnni);  // (M, E)
-  at::Tensor gu = w4a8_token_linear(rms_norm(mid, post_norm, eps), gate_up_smooth, gate_up_weight, gate_up_bias,
-                                    residual, 2 * intermediate, use_vnni);  // (M, 2I): gate, then up
+    });
+  }
+  at::Tensor mid = x + product(att, o_smooth, o_weight, o_bias, e);  // (M, E)
+  at::Tensor gu = product(rms_norm(mid, post_norm, eps), gate_up_smooth, gate_up_weight, gate_up_bias,
+                          2 * intermediate);  // (M, 2I): gate, then up
   at::Tensor act = at::empty({m, intermediate}, x.options());
   const float* gp = gu.data_ptr<float>();
   float* actp = act.data_ptr<float>();
@@ -629,7 +639,7 @@ at::Tensor w4a8_decoder_layer(const at::Tensor& h, const at::Tensor& keys, const
     const float* u = g + intermediate;
     for (int64_t j = 0; j < intermediate; ++j) actp[r * intermediate + j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];
   }
-  at::Tensor out = mid + w4a8_token_linear(act, down_smooth, down_weight, down_bias, residual, e, use_vnni);
+  at::Tensor out = mid + product(act, down_smooth, down_weight, down_bias, e);
   return out.view({b, n, e});
 }
 
