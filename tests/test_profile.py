@@ -61,6 +61,19 @@ def test_split_events_programs_and_specviz_operators():
                                                                       head, mm, outside])
 
 
+def test_a_fused_draft_layer_splits_into_its_kinds():
+    rng = _Event("specviz::draft", 1.0)
+    layer = _Event("specviz::w4a8_decoder_layer", 30.0, rng)
+    product = _Event("specviz::w4a8_token_linear", 200.0, layer)
+    alloc = _Event("aten::empty", 2.0, product)
+    attn = _Event("specviz::w4a8_decoder_layer_attention", 40.0, layer)
+    add = _Event("aten::add", 3.0, layer)
+    times, calls = split_events([rng, layer, product, alloc, attn, add])
+    assert calls == {"draft": 1}
+    assert times == {("draft", "python"): 1.0, ("draft", "other_ops"): 33.0, ("draft", "int_products"): 202.0,
+                     ("draft", "attention"): 40.0}
+
+
 def test_integer_mode_profile_adds_up():
     # w8a8-token's products (specviz's compiled operator where it was built, else fbgemm's)
     # run inside the decoder layers' programs: every microsecond lands in a phase

@@ -67,7 +67,7 @@ def test_a_layer_approximates_its_float_weights():
 @pytest.mark.parametrize("vnni", [True, False])
 def test_compiled_operator_equals_the_pytorch_code(monkeypatch, n, k, bias, residual, vnni):
     if not vnni:
-        monkeypatch.setenv("SPECVIZ_NO_VNNI", "1")  # the operator's one-channel-at-a-time path
+        monkeypatch.setenv("SPECVIZ_NO_VNNI", "1")  # the operator's AVX2 kernel
     layer, _ = _layer(n, k, bias, residual)
     for m in (1, 3, 9, 40):
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * 2

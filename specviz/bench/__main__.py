@@ -451,7 +451,7 @@ def _run(args: argparse.Namespace, specs: list[MethodSpec]) -> int:
     if "w4a8-token" in (dtype, args.draft_dtype):
         from specviz.models.extension import fused_op_status, vnni_kernel
 
-        how = "AVX-512 VNNI kernel" if vnni_kernel() else "one channel at a time (no VNNI: slow)"
+        how = "AVX-512 VNNI kernel" if vnni_kernel() else "AVX2 kernel"
         print(f"w4a8-token layers: {fused_op_status()}, {how}")
     if rounds:
         _measure(args, specs, prompts, rounds, existing, out, run)

@@ -54,6 +54,12 @@ _FLOAT_PRODUCTS = ("aten::linear", "aten::mm", "aten::addmm", "aten::bmm", "aten
                    "aten::addmv", "aten::mv", "aten::dot")
 
 
+#: compiled operators that hold several kinds of work and record each under its own name
+#: (a fused draft layer: its products, its attention); their children take their own kinds,
+#: their own time counts as other operators
+_CONTAINER_OPS = ("specviz::w4a8_decoder_layer",)
+
+
 def op_kind(name: str) -> str:
     """The kind (:data:`KINDS`, not ``python``) of the profiler operator named ``name``."""
     if any(key in name for key in _INT_PRODUCTS):
@@ -88,8 +94,10 @@ def split_events(events) -> tuple[dict[tuple[str, str], float], dict[str, int]]:
     counts as a float product and every operator under an attention call as attention.
     A TorchScript program's call (the decoder layers' halves run as programs on a CPU) is
     not an operator: the operators it runs take their own kinds, and its own time, its
-    interpreter's, counts as ``python`` like a range's own time (in no operator). Self
-    times are summed, so nothing is counted twice.
+    interpreter's, counts as ``python`` like a range's own time (in no operator). A fused
+    draft layer (``specviz::w4a8_decoder_layer``) is an operator whose own time counts as
+    other operators while the products and attention it records inside it take their
+    kinds. Self times are summed, so nothing is counted twice.
     """
     times: dict[tuple[str, str], float] = {}
     calls: dict[str, int] = {}
@@ -101,10 +109,11 @@ def split_events(events) -> tuple[dict[tuple[str, str], float], dict[str, int]]:
         else:
             outer, parent, ph = (ev if _is_operator(ev.name) else None), ev.cpu_parent, None
             while parent is not None and (ph := _phase_name(parent.name)) is None:
-                if _is_operator(parent.name):
+                if _is_operator(parent.name) and parent.name not in _CONTAINER_OPS:
                     outer = parent
                 parent = parent.cpu_parent
-            key = (ph or "other", "python" if outer is None else op_kind(outer.name))
+            kind = "python" if outer is None else "other_ops" if outer.name in _CONTAINER_OPS else op_kind(outer.name)
+            key = (ph or "other", kind)
         times[key] = times.get(key, 0.0) + float(ev.self_cpu_time_total)
     return times, calls
 

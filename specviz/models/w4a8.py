@@ -17,8 +17,9 @@ activation codes and ``xsum_g`` the sum of those codes, then rescaled per token 
 ``w8a8-token`` does (``(y_codes * step + y_residual * step2) + bias``). The compiled
 operator (``torch.ops.specviz.w4a8_token_linear``, :mod:`specviz.models.extension`) runs it
 with AVX-512 VNNI (``vpdpbusd`` on the unsigned 4-bit codes and the signed activation
-codes) for every row count, prefills included, and one channel at a time on other x86
-CPUs (or with ``SPECVIZ_NO_VNNI=1``; much slower: the mode is for CPUs with VNNI); :meth:`W4A8TokenLinear.forward_pytorch` is the same arithmetic in PyTorch operators.
+codes) for every row count, prefills included, and with AVX2 (``vpmaddubsw`` and
+``vpmaddwd``, the same exact integers) on other x86 CPUs or with ``SPECVIZ_NO_VNNI=1``;
+:meth:`W4A8TokenLinear.forward_pytorch` is the same arithmetic in PyTorch operators.
 All three give the same bits, and a token's output never depends on the other rows of its
 forward (batch-invariant, as ``w8a8-token``).
 

@@ -358,31 +358,72 @@ __attribute__((target("avx512f,avx512bw,avx512vnni,f16c"))) void w4_tile(
   }
 }
 
-// The same arithmetic one channel and one input at a time: CPUs without AVX-512 VNNI.
-void w4_rows_scalar(const int8_t* a, int64_t lda, const float* xsum, int64_t ldx, const uint8_t* w,
-                    int64_t groups, float* y, int64_t ldy, int64_t rows, int64_t n0, int64_t n) {
-  for (int64_t j = 0; j < 64 && n0 + j < n; ++j) {
-    const int64_t b = j / 16, lane = j % 16;
-    for (int64_t r = 0; r < rows; ++r) {
-      float acc = 0.0f;
-      for (int64_t g = 0; g < groups; ++g) {
-        const uint8_t* blk = w + g * kW4GroupBytes;
-        int32_t dot = 0;
-        for (int o = 0; o < 8; ++o) {
-          const uint8_t* q = blk + o * 256 + b * 64 + lane * 4;
-          const int8_t* x = a + r * lda + g * kW4Group + 8 * o;
-          for (int i = 0; i < 4; ++i) dot += (q[i] & 0x0F) * x[i] + (q[i] >> 4) * x[4 + i];
+// The same arithmetic with AVX2 (CPUs without AVX-512 VNNI): R <= 2 rows times half a block
+// (32 channels, four 8-channel chunks of each 256-byte line). vpmaddubsw multiplies the
+// unsigned codes by the signed activation bytes in pairs (|sum| <= 2 * 15 * 127, so no
+// saturation; the low and high nibbles' pairs of four lines add up to at most 30480 in 16
+// bits), vpmaddwd sums those pairs into each channel's int32: the same exact integers as
+// vpdpbusd, scaled and corrected in the same order, so the outputs are the same bits.
+template <int R>
+__attribute__((target("avx2,f16c"))) void w4_tile_avx2(
+    const int8_t* a, int64_t lda, const float* xsum, int64_t ldx, const uint8_t* w, int64_t groups,
+    float* y, int64_t ldy, int64_t n0, int64_t n, int half) {
+  alignas(32) float f[R][32];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 32; ++j) f[r][j] = 0.0f;
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* blk = w + g * kW4GroupBytes;
+    __m256i acc[R][4];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_setzero_si256();
+    // Four lines' pair sums add up in 16 bits (at most 4 * 7620) before widening.
+    for (int o0 = 0; o0 < 8; o0 += 4) {
+      __m256i pairs[R][4];
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < 4; ++c) pairs[r][c] = _mm256_setzero_si256();
+      for (int o = o0; o < o0 + 4; ++o) {
+        const uint8_t* line = blk + o * 256 + 128 * half;
+        __m256i lo[4], hi[4];
+        for (int c = 0; c < 4; ++c) {
+          const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line + 32 * c));
+          lo[c] = _mm256_and_si256(raw, low);
+          hi[c] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
         }
-        const uint16_t* sp = reinterpret_cast<const uint16_t*>(blk + 2048);
-        const float s = c10::detail::fp16_ieee_to_fp32_value(sp[j]);
-        const float z = c10::detail::fp16_ieee_to_fp32_value(sp[64 + j]);
-        acc = acc + static_cast<float>(dot) * s;
-        acc = acc + z * xsum[r * ldx + g];
+        for (int r = 0; r < R; ++r) {
+          int32_t q0, q1;
+          std::memcpy(&q0, a + r * lda + g * kW4Group + 8 * o, 4);
+          std::memcpy(&q1, a + r * lda + g * kW4Group + 8 * o + 4, 4);
+          const __m256i a0 = _mm256_set1_epi32(q0), a1 = _mm256_set1_epi32(q1);
+          for (int c = 0; c < 4; ++c)
+            pairs[r][c] = _mm256_add_epi16(pairs[r][c], _mm256_add_epi16(_mm256_maddubs_epi16(lo[c], a0),
+                                                                         _mm256_maddubs_epi16(hi[c], a1)));
+        }
       }
-      y[r * ldy + n0 + j] = acc;
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_add_epi32(acc[r][c], _mm256_madd_epi16(pairs[r][c], ones));
+    }
+    const uint16_t* sp = reinterpret_cast<const uint16_t*>(blk + 2048) + 32 * half;
+    for (int c = 0; c < 4; ++c) {
+      const __m256 sc = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sp + 8 * c)));
+      const __m256 zc = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sp + 64 + 8 * c)));
+      for (int r = 0; r < R; ++r) {
+        __m256 fv = _mm256_load_ps(f[r] + 8 * c);
+        fv = _mm256_add_ps(fv, _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][c]), sc));
+        fv = _mm256_add_ps(fv, _mm256_mul_ps(zc, _mm256_set1_ps(xsum[r * ldx + g])));
+        _mm256_store_ps(f[r] + 8 * c, fv);
+      }
     }
   }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 32 && n0 + 32 * half + j < n; ++j) y[r * ldy + n0 + 32 * half + j] = f[r][j];
 }
+
+constexpr int kW4Avx2Rows = 2;
+using W4Avx2TileFn = void (*)(const int8_t*, int64_t, const float*, int64_t, const uint8_t*, int64_t, float*, int64_t,
+                              int64_t, int64_t, int);
+constexpr W4Avx2TileFn kW4Avx2Tiles[kW4Avx2Rows] = {w4_tile_avx2<1>, w4_tile_avx2<2>};
 
 using W4TileFn = void (*)(const int8_t*, int64_t, const float*, int64_t, const uint8_t*, int64_t, float*, int64_t,
                           int64_t, int64_t);
@@ -449,7 +490,9 @@ at::Tensor w4a8_token_linear(const at::Tensor& x, const at::Tensor& inv_smooth, 
   at::Tensor y = at::empty({rows, n}, x2.options());  // (P*M, N)
   const uint8_t* wp = weight.data_ptr<uint8_t>();
   float* yp = y.data_ptr<float>();
-  const bool vnni = use_vnni && cpu_has_vnni() && __builtin_cpu_supports("f16c");
+  TORCH_CHECK(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"),
+              "w4a8_token_linear needs a CPU with AVX2 and F16C");
+  const bool vnni = use_vnni && cpu_has_vnni();
   // Each block's stream is read from memory once; its later row chunks find it in the cache.
   at::parallel_for(0, ng, 1, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
@@ -459,7 +502,12 @@ at::Tensor w4a8_token_linear(const at::Tensor& x, const at::Tensor& inv_smooth, 
         if (vnni) {
           kW4Tiles[r - 1](cp + r0 * kp, kp, sp + r0 * groups, groups, wc, groups, yp + r0 * n, n, 64 * c, n);
         } else {
-          w4_rows_scalar(cp + r0 * kp, kp, sp + r0 * groups, groups, wc, groups, yp + r0 * n, n, r, 64 * c, n);
+          for (int64_t r1 = r0; r1 < r0 + r; r1 += kW4Avx2Rows) {
+            const int64_t rr = std::min<int64_t>(kW4Avx2Rows, r0 + r - r1);
+            for (int half = 0; half < 2 && 64 * c + 32 * half < n; ++half)
+              kW4Avx2Tiles[rr - 1](cp + r1 * kp, kp, sp + r1 * groups, groups, wc, groups, yp + r1 * n, n, 64 * c, n,
+                                   half);
+          }
         }
       }
     }
