@@ -532,21 +532,7 @@ at::Tensor w4a8_token_linear(const at::Tensor& x, const at::Tensor& inv_smooth, 
 // forward, not a tree). The new keys and values are written into the cache buffers at
 // slots [held, held + N), which must have room for them.
 
-// sum of x[i] * x[i] (eight partial sums, added pairwise at the end)
-float sum_squares(const float* x, int64_t k) {
-  __m256 acc = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 8 <= k; i += 8) {
-    const __m256 v = _mm256_loadu_ps(x + i);
-    acc = _mm256_add_ps(acc, _mm256_mul_ps(v, v));
-  }
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, acc);
-  float s = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
-  for (; i < k; ++i) s += x[i] * x[i];
-  return s;
-}
-
+// sum of a[i] * b[i] (eight partial sums, added pairwise at the end)
 float dot(const float* a, const float* b, int64_t k) {
   __m256 acc = _mm256_setzero_ps();
   int64_t i = 0;
@@ -566,7 +552,8 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   const float* wp = weight.data_ptr<float>();
   float* op = out.data_ptr<float>();
   for (int64_t r = 0; r < m; ++r) {
-    const float inv = 1.0f / std::sqrt(sum_squares(xp + r * e, e) / static_cast<float>(e) + static_cast<float>(eps));
+    const float* xr = xp + r * e;
+    const float inv = 1.0f / std::sqrt(dot(xr, xr, e) / static_cast<float>(e) + static_cast<float>(eps));
     for (int64_t i = 0; i < e; ++i) op[r * e + i] = wp[i] * (xp[r * e + i] * inv);
   }
   return out;
