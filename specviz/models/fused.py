@@ -6,10 +6,7 @@ residual additions as some 80 small operators per layer, which on a 2-core CPU c
 as much as the 4-bit products themselves. ``torch.ops.specviz.w4a8_decoder_layer`` (in
 ``csrc/w8a8_token.cpp``) computes a whole Llama-style decoder layer in one call, with the
 same four 4-bit products (:class:`~specviz.models.w4a8.W4A8TokenLinear`'s operator) and its
-own float code for the rest. On a 2-core AVX-512 VNNI Xeon, after 200 tokens, a one-token
-forward took 17.6 ms against 25.1 ms through the modules, a forward of three tokens 24.5
-against 30.2 ms (medians of 7), and the draft's teacher-forced agreement with the
-``w8a8-token`` target stayed 0.790 on the benchmark's seven prompts.
+own float code for the rest.
 
 Its outputs differ from the modules' forward by float rounding, so it is for drafts only:
 a draft's logits decide what is proposed, never what is accepted (the target verifies
@@ -18,10 +15,14 @@ draft's acceptance moves by rounding noise. Targets never run it.
 
 A draft's activations need not be as exact as a target's: ``"fused-one-pass"`` (the
 default) quantizes each layer input once per token, without ``w4a8-token``'s second int8
-pass over the rounding residual, which halves the rows of every product. On the same
-machine a one-token forward took 19.3 ms against 21.6 with both passes, three tokens 24.9
-against 28.3 ms (medians of 15 interleaved passes), and the teacher-forced agreement was
-0.800 against 0.790. ``"fused"`` keeps both passes.
+pass over the rounding residual, which halves the rows of every product. ``"fused"`` keeps
+both passes.
+
+On a 2-core AVX-512 VNNI Xeon, the 0.5B after 200 tokens (medians of 15 passes interleaved
+in one process): a one-token forward 28.6 ms through the modules, 20.7 ms fused, 20.3 ms
+fused with one pass; three tokens 34.7, 29.8 and 24.7 ms. Its teacher-forced agreement with
+the ``w8a8-token`` target's continuations on the benchmark's seven prompts: 0.790, 0.790
+and 0.800.
 
 A model is opted in with :func:`fuse_layers` (:func:`~specviz.models.loading.load_pair`
 does it for a draft loaded in ``w4a8-token``, with ``draft_layers``); then

@@ -56,6 +56,7 @@ __all__ = [
     "split_cache",
     "additive_mask",
     "decoder_of",
+    "reserve_slots",
     "forward_tokens",
 ]
 
