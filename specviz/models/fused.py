@@ -2,7 +2,7 @@
 
 Outside its integer products, a forward of the built-in 0.5B draft in ``w4a8-token`` runs
 the norms, the rotary embedding, the attention over the cache, the activation and the
-residual additions as some 80 small operators per layer, which on a 2-core CPU cost about
+residual additions as about 60 small operators per layer, which on a 2-core CPU cost about
 as much as the 4-bit products themselves. ``torch.ops.specviz.w4a8_decoder_layer`` (in
 ``csrc/w8a8_token.cpp``) computes a whole Llama-style decoder layer in one call, with the
 same four 4-bit products (:class:`~specviz.models.w4a8.W4A8TokenLinear`'s operator) and its

@@ -523,9 +523,9 @@ at::Tensor w4a8_token_linear(const at::Tensor& x, const at::Tensor& inv_smooth, 
 // call, its four products from w4a8_token_linear above. It is for a draft model, whose
 // outputs only have to be good proposals: the norms, rotary embedding and attention are
 // this code's own float arithmetic, not PyTorch's operators, so its outputs differ from
-// the modules' forward by rounding. What it saves is the per-layer cost around the
-// products (some 80 small operators and their dispatch per layer), about half of a
-// one-token forward of a 4-bit 0.5B model on a 2-core CPU.
+// the modules' forward by rounding. What it saves is most of the per-layer cost around the
+// products (about 60 small operators and their dispatch per layer): a one-token forward of
+// the 4-bit 0.5B draft on a 2-core CPU took 20.7 ms against 28.6 ms through the modules.
 //
 // Rows: B sequences of N new tokens each, every one of which attends to all `held` cached
 // slots of its sequence and causally to the new ones (a plain decoding or catch-up
