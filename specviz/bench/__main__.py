@@ -278,10 +278,9 @@ def _draft_layers(args: argparse.Namespace, device: torch.device) -> str:
     """How the draft's decoder layers run (:mod:`specviz.models.fused`): ``--draft-layers``
     for a ``w4a8-token`` draft on the CPU where the compiled operator loads, else
     "modules"."""
-    from specviz.models.extension import w4a8_token_op
+    from specviz.models.fused import fusable
 
-    fusable = args.draft_dtype == "w4a8-token" and device.type == "cpu" and w4a8_token_op() is not None
-    return args.draft_layers if fusable else "modules"
+    return args.draft_layers if fusable(args.draft_dtype, device) else "modules"
 
 
 def _existing_rows(out: Path, fresh: bool) -> pd.DataFrame:

@@ -43,7 +43,7 @@ from specviz.models.extension import vnni_kernel, w8a8_token_op
 from specviz.validate import check_choice
 
 __all__ = ["DRAFT_LAYERS", "DEFAULT_DRAFT_LAYERS", "FUSED_ATTR", "FUSED_MAX_TOKENS", "fuse_layers", "layers_of",
-           "is_fused", "fused_support", "causal_over_cache", "fused_forward"]
+           "is_fused", "fusable", "fused_support", "causal_over_cache", "fused_forward"]
 
 #: how a draft's decoder layers run: its modules, fused calls with the mode's two
 #: activation passes, or fused calls with one
@@ -157,6 +157,13 @@ def _model_params(model) -> list[tuple] | str:
     return params
 
 
+def fusable(weight_mode: str, device) -> bool:
+    """Whether a draft in ``weight_mode`` on ``device`` may run fused layers at all (a
+    ``w4a8-token`` draft on the CPU, with the compiled operator), before its model is
+    looked at (:func:`fused_support`)."""
+    return weight_mode == "w4a8-token" and torch.device(device).type == "cpu" and _op() is not None
+
+
 def fused_support(model) -> str | None:
     """None if :func:`fused_forward` can run ``model``, else why not (the compiled operator
     is missing, or the model's layers are not ``w4a8-token`` layers of a Llama-style model
@@ -193,15 +200,18 @@ def fused_forward(model, cache, tokens: torch.Tensor, position_ids: torch.Tensor
     """``model``'s forward of ``tokens`` after its cache with every decoder layer one
     compiled call (activations in one pass where :func:`fuse_layers` said
     ``"fused-one-pass"``), each new token seeing the whole cache and the new tokens up to
-    itself. Call :func:`fused_support` first.
+    itself.
 
     Returns:
         ``(logits, last hidden states or None)`` as :func:`~specviz.models.kvcache.forward_tokens`'
-        layer-by-layer forward.
+        layer-by-layer forward, or None, with nothing run, where :func:`fused_support`
+        finds the model cannot run fused.
     """
     from specviz.models.kvcache import reserve_slots
     op = _op()
-    params = _model_params(model)
+    params = None if op is None else _model_params(model)
+    if params is None or isinstance(params, str):
+        return None
     decoder = model.model
     h = decoder.embed_tokens(tokens)  # (B, N, E)
     cos, sin = decoder.rotary_emb(h, position_ids)  # (B, N, D) each

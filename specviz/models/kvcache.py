@@ -42,7 +42,7 @@ from transformers import DynamicCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from specviz.models.device import model_device, to_device
-from specviz.models.fused import FUSED_MAX_TOKENS, causal_over_cache, fused_forward, fused_support, is_fused
+from specviz.models.fused import FUSED_MAX_TOKENS, causal_over_cache, fused_forward, is_fused
 from specviz.attention.hf import ATTENTION_CHOICES, SHARED_KEYS_KWARG, SPECVIZ_ATTENTION, attention_implementation
 from specviz.validate import check_choice
 
@@ -384,6 +384,30 @@ APPEND_SLACK = 64
 APPEND_FROM = 256
 
 
+def _room(layer, name: str, n: int, like: torch.Tensor, rows_heads: tuple[int, int]) -> tuple[torch.Tensor, int]:
+    """``layer``'s buffer for ``name`` with room for ``n`` slots behind the ``held`` it holds,
+    and ``held``: the buffer it has where the current tensor is that buffer's leading slots
+    (or holds nothing) and the new slots fit, else a new one with room for
+    ``max(APPEND_SLACK, total / 2)`` more slots, the held slots copied into it. ``like``
+    gives the dtype, device and head size, ``rows_heads`` the buffer's first two dimensions."""
+    old = getattr(layer, name)  # (B, H, S, D), or an empty tensor
+    buffers = layer.__dict__.get("_specviz_buffers")
+    if buffers is None:
+        buffers = layer._specviz_buffers = {}
+    buf = buffers.get(name)
+    held = old.shape[2] if old.dim() == 4 else 0
+    if (buf is not None and held + n <= buf.shape[2] and tuple(buf.shape[:2]) == tuple(rows_heads)
+            and like.dtype is buf.dtype and like.device == buf.device
+            and (not held or (old.data_ptr() == buf.data_ptr() and old.stride() == buf.stride()))):
+        return buf, held
+    total = held + n
+    buf = like.new_empty((*rows_heads, total + max(APPEND_SLACK, total // 2), like.shape[3]))
+    if held:
+        buf.narrow(2, 0, held).copy_(old)
+    buffers[name] = buf
+    return buf, held
+
+
 def _append_slots(layer, name: str, new: torch.Tensor) -> torch.Tensor:
     """``layer.<name>`` with ``new`` appended along the slot axis, written in place into
     spare room behind it where it has some.
@@ -404,27 +428,14 @@ def _append_slots(layer, name: str, new: torch.Tensor) -> torch.Tensor:
     get overwritten, which nothing reads (a cache's valid region is its tensors' length).
     """
     old = getattr(layer, name)  # (B, H, S, D)
-    buffers = layer.__dict__.get("_specviz_buffers")
-    if buffers is None:
-        buffers = layer._specviz_buffers = {}
-    buf = buffers.get(name)
-    n = new.shape[2]
     held = old.shape[2] if old.dim() == 4 else 0
-    if (buf is not None and held and held + n <= buf.shape[2] and old.data_ptr() == buf.data_ptr()
-            and new.dtype is buf.dtype and old.stride() == buf.stride() and old.shape[:2] == new.shape[:2]
-            and new.device == buf.device):
-        buf.narrow(2, held, n).copy_(new)
-        return buf.narrow(2, 0, held + n)
-    total = held + n
-    if total < APPEND_FROM:  # short: a concatenation costs less than the buffer's bookkeeping
-        buffers.pop(name, None)
+    n = new.shape[2]
+    if held + n < APPEND_FROM:  # short: a concatenation costs less than the buffer's bookkeeping
+        layer.__dict__.get("_specviz_buffers", {}).pop(name, None)
         return torch.cat([old, new], dim=-2)
-    buf = new.new_empty((*new.shape[:2], total + max(APPEND_SLACK, total // 2), new.shape[3]))
-    if held:
-        buf.narrow(2, 0, held).copy_(old)
+    buf, held = _room(layer, name, n, new, tuple(new.shape[:2]))
     buf.narrow(2, held, n).copy_(new)
-    buffers[name] = buf
-    return buf.narrow(2, 0, total)
+    return buf.narrow(2, 0, held + n)
 
 
 def reserve_slots(cache: DynamicCache, index: int, n: int, rows: int, kv_heads: int, head_dim: int,
@@ -432,35 +443,21 @@ def reserve_slots(cache: DynamicCache, index: int, n: int, rows: int, kv_heads: 
     """Room for ``n`` more slots in layer ``index`` of ``cache``, for a forward that writes
     its new keys and values itself (:func:`~specviz.models.fused.fused_forward`).
 
-    The layer's keys and values become views of ``held + n`` slots at the front of buffers
-    as in :func:`_append_slots` (with at least as much spare room), whose last ``n`` slots
-    the caller must fill. ``like`` gives the dtype and device of a layer that holds nothing
-    yet.
+    The layer's keys and values become views of ``held + n`` slots at the front of the same
+    buffers :func:`_append_slots` uses, whose last ``n`` slots the caller must fill.
+    ``like`` gives the dtype and device.
 
     Returns:
         ``(key buffer, value buffer, held)``, the buffers ``(B, H, capacity, D)``.
     """
     layer = cache.layers[index]
+    shape = like.new_empty((rows, kv_heads, 0, head_dim))  # (B, H, 0, D): dtype, device, head size
     if not layer.is_initialized:
-        empty = like.new_empty((rows, kv_heads, 0, head_dim))
-        layer.lazy_initialization(empty, empty)
-    buffers = layer.__dict__.get("_specviz_buffers")
-    if buffers is None:
-        buffers = layer._specviz_buffers = {}
+        layer.lazy_initialization(shape, shape)
     out = []
     held = 0
     for name in ("keys", "values"):
-        old = getattr(layer, name)  # (B, H, S, D), or an empty tensor
-        held = old.shape[2] if old.dim() == 4 else 0
-        buf = buffers.get(name)
-        if not (buf is not None and held + n <= buf.shape[2] and (not held or old.data_ptr() == buf.data_ptr())
-                and old.dtype is buf.dtype and (not held or old.stride() == buf.stride())
-                and buf.shape[:2] == (rows, kv_heads) and old.device == buf.device):
-            total = held + n
-            buf = like.new_empty((rows, kv_heads, total + max(APPEND_SLACK, total // 2), head_dim))
-            if held:
-                buf.narrow(2, 0, held).copy_(old)
-            buffers[name] = buf
+        buf, held = _room(layer, name, n, shape, (rows, kv_heads))
         setattr(layer, name, buf.narrow(2, 0, held + n))
         out.append(buf)
     return out[0], out[1], held
@@ -588,11 +585,11 @@ def forward_tokens(model, cache: DynamicCache, tokens: torch.Tensor, position_id
         raise ValueError(f"mask must have shape {(b, n, s + n)} (cache {s} + new {n}), "
                          f"got {tuple(allowed.shape)}")
     device = model_device(model)
-    if (is_fused(model) and attention != "sdpa" and n <= FUSED_MAX_TOKENS and causal_over_cache(allowed, s)
-            and fused_support(model) is None):
-        logits, last = fused_forward(model, cache, tokens, position_ids, logits_to_keep, hidden, head)
-        logits = logits.float().cpu()
-        return (logits, last.float().cpu()) if hidden else logits
+    if is_fused(model) and attention != "sdpa" and n <= FUSED_MAX_TOKENS and causal_over_cache(allowed, s):
+        fused = fused_forward(model, cache, tokens, position_ids, logits_to_keep, hidden, head)  # None: unsupported
+        if fused is not None:
+            logits = fused[0].float().cpu()
+            return (logits, fused[1].float().cpu()) if hidden else logits
     direct = attention != "sdpa" and (allowed is not None or n == 1) and _direct_forward_supported(model)
     if head is not None and not direct:  # model(...) runs its own head; ``head`` scores its hidden states
         with _capture_hidden(model) as captured:

@@ -831,11 +831,12 @@ def _with_draft_layers(pair: ModelPair, layers: str) -> ModelPair:
     (:func:`~specviz.models.fused.fuse_layers`) where
     :func:`~specviz.models.fused.fused_support` allows (a ``w4a8-token`` draft on the CPU
     that is not the target itself), and as its modules otherwise."""
-    from specviz.models.fused import fuse_layers, fused_support
+    from specviz.models.fused import fusable, fuse_layers, fused_support
 
     draft = pair.draft.model
-    fusable = pair.draft.weight_mode == "w4a8-token" and draft is not pair.target.model and fused_support(draft) is None
-    fuse_layers(draft, layers if fusable else "modules")
+    ok = (fusable(pair.draft.weight_mode, pair.draft.device) and draft is not pair.target.model
+          and fused_support(draft) is None)
+    fuse_layers(draft, layers if ok else "modules")
     return pair
 
 

@@ -497,17 +497,15 @@ at::Tensor w4a8_token_linear(const at::Tensor& x, const at::Tensor& inv_smooth, 
   at::parallel_for(0, ng, 1, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
       const uint8_t* wc = wp + c * groups * kW4GroupBytes;
-      for (int64_t r0 = 0; r0 < rows; r0 += kW4Rows) {
-        const int64_t r = std::min<int64_t>(kW4Rows, rows - r0);
+      const int64_t tile = vnni ? kW4Rows : kW4Avx2Rows;
+      for (int64_t r0 = 0; r0 < rows; r0 += tile) {
+        const int64_t r = std::min<int64_t>(tile, rows - r0);
         if (vnni) {
           kW4Tiles[r - 1](cp + r0 * kp, kp, sp + r0 * groups, groups, wc, groups, yp + r0 * n, n, 64 * c, n);
         } else {
-          for (int64_t r1 = r0; r1 < r0 + r; r1 += kW4Avx2Rows) {
-            const int64_t rr = std::min<int64_t>(kW4Avx2Rows, r0 + r - r1);
-            for (int half = 0; half < 2 && 64 * c + 32 * half < n; ++half)
-              kW4Avx2Tiles[rr - 1](cp + r1 * kp, kp, sp + r1 * groups, groups, wc, groups, yp + r1 * n, n, 64 * c, n,
-                                   half);
-          }
+          for (int half = 0; half < 2 && 64 * c + 32 * half < n; ++half)
+            kW4Avx2Tiles[r - 1](cp + r0 * kp, kp, sp + r0 * groups, groups, wc, groups, yp + r0 * n, n, 64 * c, n,
+                                half);
         }
       }
     }
