@@ -389,6 +389,18 @@ def test_replay_refuses_other_weights(recorded):
     path, _ = recorded
     with pytest.raises(ValueError, match="replay mode shows and computes fp32"):
         explore("replay", dtype="bf16", traces=path, background=False)
+    with pytest.raises(ValueError, match="replay mode's draft runs in fp32"):
+        explore("replay", draft_dtype="w4a8-token", traces=path, background=False)
+
+
+def test_live_draft_in_another_weight_mode():
+    ex = explore("tiny", strategy="chain", depth=2, max_new_tokens=6, background=False, draft_dtype="w4a8-token")
+    assert ex.pair.draft.weight_mode == "w4a8-token" and ex.pair.target.weight_mode == "fp32"
+    assert "fp32 target weights, w4a8-token draft weights" in ex.describe()
+    same = explore("tiny", strategy="chain", depth=2, max_new_tokens=6, background=False)
+    assert same.describe().endswith("fp32 weights")
+    with pytest.raises(ValueError, match="draft_dtype applies to a model given by name"):
+        explore(same.pair, draft_dtype="w4a8-token", background=False)
 
 
 def test_committed_recording_covers_the_notebook_defaults():

@@ -185,6 +185,10 @@ def test_models_needed_follow_the_notebooks_parameters(tmp_path):
     bf16 = Preset("b", "", (NotebookRun("01_quickstart.ipynb", {"dtype": "bf16"}),
                             NotebookRun("09_lookahead.ipynb", {"dtype": "auto"})))  # auto: the notebook's own
     assert runner._builtin_models_needed(_plans(bf16, tmp_path)) == [(target, "bf16"), (draft, "bf16")]
+    four_bit = Preset("w", "", (NotebookRun("06_end_to_end_speed.ipynb", {"dtype": "w8a8-token",
+                                                                          "draft_dtype": "w4a8-token"}),))
+    assert runner._builtin_models_needed(_plans(four_bit, tmp_path)) == [(target, "w8a8-token"),
+                                                                          (draft, "w4a8-token"), (target, "bf16")]
     # on a remote Dask cluster, 03, 04 and 06 load the pair on the workers; 01 and 09 still here
     remote = runner._builtin_models_needed(_plans(get_preset("quick"), tmp_path), remote=True)
     assert remote == [(target, "fp32"), (draft, "fp32")]
@@ -239,6 +243,26 @@ def test_study_prepares_models_before_the_first_notebook(fake_study, tmp_path):
     cached.clear()  # a cleared cache, but every notebook finished earlier: nothing to prepare for
     runner.run_study(preset, out_dir=tmp_path, progress=False, log=lines.append)
     assert events == []
+
+    # --draft-dtype: the draft is prepared in its own mode for the notebooks that take one
+    # (a preset's draft mode follows the target's: here w4a8-token beside w8a8-token only)
+    speed = Preset("s", "", (NotebookRun("06_end_to_end_speed.ipynb", {"probe_dtypes": []}),),
+                   draft_dtypes={"w8a8-token": "w4a8-token"})
+    runner.run_study(speed, out_dir=tmp_path / "s", progress=False, log=lines.append, dtype="w8a8-token")
+    assert events == [f"prepare {models.DEFAULT_TARGET} w8a8-token", f"prepare {models.DEFAULT_DRAFT} w4a8-token",
+                      "run 06_end_to_end_speed"]
+    manifest = json.loads((tmp_path / "s" / "study.json").read_text())
+    assert manifest["notebooks"][0]["parameters"]["draft_dtype"] == "w4a8-token"
+    assert any("the draft runs in w4a8-token beside the w8a8-token target" in line for line in lines)
+    events.clear()
+    runner.run_study(speed, out_dir=tmp_path / "b", progress=False, log=lines.append, dtype="bf16")
+    assert events == [f"prepare {models.DEFAULT_TARGET} bf16", f"prepare {models.DEFAULT_DRAFT} bf16",
+                      "run 06_end_to_end_speed"]
+    assert "draft_dtype" not in json.loads((tmp_path / "b" / "study.json").read_text())["notebooks"][0]["parameters"]
+    events.clear()  # the command's --draft-dtype wins over the preset's
+    runner.run_study(speed, out_dir=tmp_path / "c", progress=False, log=lines.append, dtype="w8a8-token",
+                     draft_dtype="w8a8-token")
+    assert events == [f"prepare {models.DEFAULT_DRAFT} w8a8-token", "run 06_end_to_end_speed"]
 
 
 def test_study_reports_models_that_cannot_be_prepared(fake_study, tmp_path, monkeypatch):

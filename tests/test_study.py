@@ -134,6 +134,12 @@ def test_notebook_parameters_adds_what_the_notebook_declares(tmp_path):
     assert notebook_parameters(run, {"trials": {}, "dtype": {}}, tmp_path, dtype="w8a8") == {"trials": 5,
                                                                                              "dtype": "w8a8"}
     assert notebook_parameters(run, {"trials": {}}, tmp_path, dtype="w8a8") == {"trials": 5}
+    # --draft-dtype likewise, to the notebooks that declare draft_dtype
+    assert notebook_parameters(run, {"trials": {}, "draft_dtype": {}}, tmp_path,
+                               draft_dtype="w4a8-token") == {"trials": 5, "draft_dtype": "w4a8-token"}
+    assert notebook_parameters(run, {"trials": {}}, tmp_path, draft_dtype="w4a8-token") == {"trials": 5}
+    with pytest.raises(StudyConfigError, match="draft_dtype: unknown weight mode 'int3'"):
+        run_study("quick", draft_dtype="int3", out_dir=tmp_path)
     with pytest.raises(StudyConfigError, match="dtype: unknown weight mode 'int3'"):
         run_study("quick", dtype="int3", out_dir=tmp_path)
     with pytest.raises(StudyConfigError, match="no parameter"):
@@ -330,6 +336,8 @@ def test_a_preset_names_the_weight_mode_its_notebooks_run_in(tmp_path, monkeypat
     from specviz.models import auto
 
     assert PRESETS["quick"].dtype == "auto"  # the default study runs in this machine's fastest accurate mode
+    assert dict(PRESETS["quick"].draft_dtypes) == {"w8a8-token": "w4a8-token"}  # with a 4-bit draft beside w8a8-token
+    assert not PRESETS["standard"].draft_dtypes and not PRESETS["smoke"].draft_dtypes
     assert PRESETS["smoke"].dtype is None and PRESETS["standard"].dtype is None  # fp32: the references
     bad = Preset("custom", "", (NotebookRun("00_absent.ipynb"),), dtype="int3")
     with pytest.raises(StudyConfigError, match="dtype: unknown weight mode 'int3'"):
@@ -370,6 +378,12 @@ def test_every_dtype_parameter_is_a_weight_mode():
                 parse_weight_mode(default)
             assert "weight mode" in str(declared["dtype"].get("help", "")), name
     assert {"01", "03", "06", "09", "10"} <= set(declaring) and "05" not in declaring
+    # --draft-dtype reaches the speed notebook and the explorer; "" keeps the target's mode
+    drafts = {name[:2]: declared_parameters(NOTEBOOKS_DIR / name).get("draft_dtype") for name in ALL_NOTEBOOKS}
+    drafts = {k: v for k, v in drafts.items() if v is not None}
+    assert set(drafts) == {"06", "07"}
+    for spec in drafts.values():
+        assert default_value(spec) == "" and "weight mode" in str(spec.get("help", ""))
 
 
 def test_report_export_hides_code(smoke_run, tmp_path):

@@ -17,9 +17,11 @@ from specviz.draft.self_spec import self_speculative_model
 from specviz.metrics.acceptance import label_rows
 from specviz.study.prompts import Prompt
 from specviz.study.store import ResultStore
-from specviz.study.units import (DYNAMIC_STRATEGY, candidates_from, drafter_units, dynamic_units, layer_units, rank_units, ranks_from,
-                                 reference_id, reference_units, references_from, shape_units, timed_units)
-from specviz.study.work import ModelSpec, Work
+from specviz.models.fused import is_fused
+from specviz.study.units import (DYNAMIC_STRATEGY, candidates_from, cost_units, drafter_units, dynamic_units,
+                                 layer_units, rank_units, ranks_from, reference_id, reference_units, references_from,
+                                 shape_units, timed_units)
+from specviz.study.work import ModelSpec, Work, models_for
 from specviz.tree.budgets import budget_shapes, shape_key
 
 LABELS = {"question_id": 7, "category": "code"}
@@ -154,6 +156,34 @@ def test_timed_units_run_once_and_read_back(tiny_pair, tmp_path):
     assert chain_id == f"chain-k2/{reference_id(SPEC, prompt, 5)}/threads1"
     plain = store.rows_of(plain_id)[0]
     assert plain["output_ids"] == row["output_ids"] and plain["steps"] == 5 and plain["position"] == 0
+
+
+def test_a_draft_in_its_own_weight_mode_keys_the_units_that_run_it(tmp_path):
+    four_bit = ModelSpec("tiny", "fp32", draft_dtype="w4a8-token")
+    assert ModelSpec("tiny", "fp32", draft_dtype="fp32") == SPEC and SPEC.draft_tag == ""  # one spelling per pair
+    assert four_bit.draft_mode == "w4a8-token" and four_bit.draft_tag == "+draft-w4a8-token-fused-one-pass"
+    assert ModelSpec("tiny", "fp32", draft_layers="modules").draft_tag == "+draft-fp32"
+    with pytest.raises(ValueError, match="draft_layers"):
+        ModelSpec("tiny", "fp32", draft_dtype="w4a8-token", draft_layers="fast")
+    # the target's references are shared; what runs the draft is not
+    assert reference_id(four_bit, PROMPT, 20) == reference_id(SPEC, PROMPT, 20)
+    methods = [("plain", None), ("chain-k2", partial(build_drafter, "chain-k2"))]
+    plain, chain = timed_units(SPEC, PROMPT, methods, max_new_tokens=6, threads=1)
+    plain4, chain4 = timed_units(four_bit, PROMPT, methods, max_new_tokens=6, threads=1)
+    assert plain4.id == plain.id and chain4.id != chain.id and "+draft-w4a8-token" in chain4.id
+    target, draft = cost_units(SPEC, ["target", "draft"], [1, 2], prefix_len=8, repeats=1, seed=0)
+    target4, draft4 = cost_units(four_bit, ["target", "draft"], [1, 2], prefix_len=8, repeats=1, seed=0)
+    assert target4.id == target.id and draft4.id != draft.id
+    work = Work(four_bit, out_dir=tmp_path)
+    pair = models_for(four_bit)
+    assert (pair.target.weight_mode, pair.draft.weight_mode) == ("fp32", "w4a8-token") and is_fused(pair.draft.model)
+    store = ResultStore.open(tmp_path, "speed")
+    ids = work.run(store, [plain4, chain4], timing=True)
+    rows = [store.rows_of(i)[0] for i in ids]
+    assert rows[0]["output_ids"] == rows[1]["output_ids"]  # the 4-bit draft changes proposals, never the output
+    curves = ResultStore.open(tmp_path, "curves")
+    work.run(curves, [draft4], timing=True)
+    assert set(curves.frame([draft4.id])["dtype"]) == {"w4a8-token"}
 
 
 def test_self_speculative_model_shares_the_targets_layers(tiny_pair):

@@ -804,9 +804,10 @@ def load_pair(target: "str | LoadedModel" = DEFAULT_TARGET, draft: "str | Loaded
 
     ``draft_layers``: how a draft in ``w4a8-token`` on the CPU runs its decoder layers
     (:mod:`specviz.models.fused`): ``"fused-one-pass"`` (default: one compiled call per
-    layer, activations quantized in one pass; about 30% less time per forward, its logits
-    different from the modules' by rounding), ``"fused"`` (the mode's two activation
-    passes) or ``"modules"`` (the modules' forward). Other drafts run their modules.
+    layer, and every product's input quantized in one pass, in the forwards that run the
+    modules too; about 30% less time per forward, its logits different from the modules'
+    by rounding), ``"fused"`` (the mode's two activation passes) or ``"modules"`` (the
+    modules' forward). Other drafts run their modules.
 
     Raises:
         TokenizerMismatchError: the vocabularies or special tokens differ (says which).

@@ -833,7 +833,9 @@ class Explorer:
         if self.recording is not None:
             return f"specviz explorer, replaying {self.recording.describe()}"
         t, d = self.pair.target, self.pair.draft
-        return f"specviz explorer, live on {t.name} (target) with {d.name} (draft), {t.weight_mode} weights"
+        weights = (f"{t.weight_mode} weights" if d.weight_mode == t.weight_mode
+                   else f"{t.weight_mode} target weights, {d.weight_mode} draft weights")
+        return f"specviz explorer, live on {t.name} (target) with {d.name} (draft), {weights}"
 
     def _repr_mimebundle_(self, **kwargs):
         # the widget view, with a short stable text for front ends (and notebook checks) without widgets
@@ -843,13 +845,16 @@ class Explorer:
         return bundle
 
 
-def _load(model: str | ModelPair, dtype: str | None, device: str | None) -> ModelPair:
+def _load(model: str | ModelPair, dtype: str | None, device: str | None,
+          draft_dtype: str | None = None) -> ModelPair:
     if isinstance(model, ModelPair):
+        if draft_dtype is not None:
+            raise ValueError("draft_dtype applies to a model given by name; a loaded ModelPair keeps its weights")
         return model
     if model == "tiny":
-        return tiny_pair(seed=0, dtype=dtype or "fp32", device=device or "cpu")
+        return tiny_pair(seed=0, dtype=dtype or "fp32", device=device or "cpu", draft_dtype=draft_dtype)
     if model == "builtin":
-        return load_pair(dtype=dtype or "bf16", device=device)
+        return load_pair(dtype=dtype or "bf16", device=device, draft_dtype=draft_dtype)
     raise ValueError(f"model must be one of {MODELS} or a ModelPair, got {model!r}")
 
 
@@ -875,7 +880,8 @@ def _replay_models(recording: Recording, device: str | None) -> Callable[[], Mod
 def explore(model: str | ModelPair = "replay", prompt: str = DEFAULT_PROMPT, *, strategy: str = "dynamic",
             width: int = 2, depth: int = 3, budget: int = 32, temperature: float = 0.0,
             max_new_tokens: int = 24, seed: int = 0, dtype: str | None = None, device: str | None = None,
-            background: bool = True, traces: str | Path | None = None) -> Explorer:
+            background: bool = True, traces: str | Path | None = None,
+            draft_dtype: str | None = None) -> Explorer:
     """Open the explorer (display the returned object, e.g. as a cell's last expression).
 
     Args:
@@ -891,6 +897,9 @@ def explore(model: str | ModelPair = "replay", prompt: str = DEFAULT_PROMPT, *, 
         dtype: weight mode of a model given by name (``fp32``, ``bf16``, ``int8``, ``w8a8``,
             ...); None: bf16 for the builtin pair, fp32 for the tiny one, the recording's
             (fp32) in replay mode, which accepts no other.
+        draft_dtype: the draft's weight mode when it differs from ``dtype`` (e.g.
+            ``w4a8-token``: a 4-bit draft, with fused layers on the CPU; what it proposes
+            changes, what is accepted does not); None: ``dtype``. Not in replay mode.
         device: where a model given by name runs (``auto``, ``cpu``, ``cuda``, ``mps``);
             None: ``auto`` for the builtin pair, the CPU for the tiny one and for replay
             mode's live computations.
@@ -910,9 +919,12 @@ def explore(model: str | ModelPair = "replay", prompt: str = DEFAULT_PROMPT, *, 
         if dtype is not None and dtype != recording.weights:
             raise ValueError(f"replay mode shows and computes {recording.weights} weights (the recording's), "
                              f"got dtype={dtype!r}; use model='builtin' for other weight modes")
+        if draft_dtype is not None and draft_dtype != recording.weights:
+            raise ValueError(f"replay mode's draft runs in {recording.weights} (the recording's), got "
+                             f"draft_dtype={draft_dtype!r}; use model='builtin' for a draft in another mode")
         return Explorer(None, settings, background=background, recording=recording,
                         live_pair=_replay_models(recording, device))
-    return Explorer(_load(model, dtype, device), settings, background=background)
+    return Explorer(_load(model, dtype, device, draft_dtype), settings, background=background)
 
 
 # -- command line ----------------------------------------------------------------------------------

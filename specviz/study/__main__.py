@@ -35,6 +35,10 @@ def _parser() -> argparse.ArgumentParser:
                    "a dtype parameter: fp32, bf16, fp16, fp32-wx, int8, int4, w8a8, w8a8-token, w4a8-token, or auto "
                    "(the fastest mode that passes the accuracy bar on this machine; default: the preset's, auto for "
                    "quick, else each notebook's, fp32)")
+    p.add_argument("--draft-dtype", metavar="MODE", help="the draft's weight mode in the notebooks that have a "
+                   "draft_dtype parameter (the speed notebook, 06), e.g. w4a8-token for a 4-bit draft "
+                   "(default: the preset's for the target's mode, w4a8-token beside w8a8-token in quick; "
+                   "else the target's mode)")
     p.add_argument("--no-progress", action="store_true", help="no per-cell progress bar")
     p.add_argument("--list", action="store_true", help="list the presets and notebooks, then exit")
     p.add_argument("--refresh-committed", action="store_true",
@@ -45,6 +49,8 @@ def _parser() -> argparse.ArgumentParser:
 def _list(log: Callable[[str], None]) -> None:
     for preset in PRESETS.values():
         mode = f" [weight mode: {preset.dtype}]" if preset.dtype else ""
+        for target, draft in preset.draft_dtypes.items():
+            mode += f" [draft: {draft} beside a {target} target]"
         log(f"{preset.name}: {preset.description}{mode}")
         for run in preset.runs:
             params = ", ".join(f"{k}={v}" for k, v in run.parameters.items()) or "defaults"
@@ -68,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             run_study(args.preset, out_dir=args.out, prompts=args.prompts, limit=args.limit, only=only,
                       force=args.force, progress=not args.no_progress, workers=args.workers,
-                      scheduler=args.scheduler, dtype=args.dtype)
+                      scheduler=args.scheduler, dtype=args.dtype, draft_dtype=args.draft_dtype)
     except StudyConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

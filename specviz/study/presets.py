@@ -59,6 +59,10 @@ class Preset:
         dtype: the weight mode of the real models in every notebook with a ``dtype``
             parameter when the command names none (``auto``: the fastest mode that passes
             the accuracy bar on this machine); None keeps each notebook's own (fp32).
+        draft_dtypes: the draft's weight mode in every notebook with a ``draft_dtype``
+            parameter when the command names none, by the target's resolved mode (``quick``:
+            a ``w4a8-token`` draft beside a ``w8a8-token`` target); a target mode not listed
+            keeps the draft in the target's mode.
     """
 
     name: str
@@ -66,6 +70,7 @@ class Preset:
     runs: tuple[NotebookRun, ...]
     report: str | None = None
     dtype: str | None = None
+    draft_dtypes: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.runs:
@@ -144,9 +149,10 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
         NotebookRun(_HEADS, {"max_new_tokens": 8, "train_prompts": 1, "train_tasks": 2, "train_tokens": 16,
                              "train_steps": 5, "budgets": [4], "others": [], "timed": False, "threads": 0}),
     ), report="08_report"),
-    Preset("quick", "the default study, in auto's weight mode: about 11 minutes on a 2-core CPU in w8a8-token "
-           "once the models are converted (28 in fp32), plus auto's one-time probe of the machine", _QUICK_RUNS,
-           report="08_report", dtype="auto"),
+    Preset("quick", "the default study, in auto's weight mode (the speed notebook's draft in w4a8-token beside a "
+           "w8a8-token target): 10-12 minutes on a 2-core CPU in w8a8-token once the models are converted (28 in "
+           "fp32), plus auto's one-time probe of the machine", _QUICK_RUNS,
+           report="08_report", dtype="auto", draft_dtypes=MappingProxyType({"w8a8-token": "w4a8-token"})),
     Preset("standard", "the acceptance study (03) on every prompt x 128 tokens, the rest as in quick, all in "
            "fp32: about an hour on a 2-core CPU", tuple(
                NotebookRun(_ACCEPTANCE, _STANDARD_ACCEPTANCE) if r.notebook == _ACCEPTANCE else r

@@ -151,10 +151,10 @@ def _check_limit(limit: int | None) -> int | None:
 
 def notebook_parameters(run: NotebookRun, declared: Mapping[str, Any], out_dir: Path, *,
                         prompts: Path | None = None, limit: int | None = None,
-                        dtype: str | None = None) -> dict[str, Any]:
+                        dtype: str | None = None, draft_dtype: str | None = None) -> dict[str, Any]:
     """The papermill parameters for ``run``: the preset's, plus ``out_dir`` and (for
-    notebooks that declare them) ``prompts_path``, ``prompt_limit`` and ``dtype`` (the
-    weight mode of the real models).
+    notebooks that declare them) ``prompts_path``, ``prompt_limit``, ``dtype`` (the
+    weight mode of the real models) and ``draft_dtype`` (the draft's, where it differs).
 
     Raises:
         StudyConfigError: if the preset sets a parameter the notebook does not declare.
@@ -173,6 +173,8 @@ def notebook_parameters(run: NotebookRun, declared: Mapping[str, Any], out_dir: 
         params["prompt_limit"] = limit
     if dtype is not None and "dtype" in declared:
         params["dtype"] = dtype
+    if draft_dtype is not None and "draft_dtype" in declared:
+        params["draft_dtype"] = draft_dtype
     return params
 
 
@@ -322,7 +324,7 @@ def _builtin_models_needed(plans: Sequence[_Plan], remote: bool = False) -> list
             continue
         mode = plan.value("dtype")
         add(DEFAULT_TARGET, mode)
-        add(DEFAULT_DRAFT, mode)
+        add(DEFAULT_DRAFT, plan.value("draft_dtype") or mode)
         extra = plan.value(_TARGET_MODE_PARAMETERS[stem]) if stem in _TARGET_MODE_PARAMETERS else None
         for other in extra if isinstance(extra, list) else []:
             add(DEFAULT_TARGET, other)
@@ -353,7 +355,7 @@ def run_study(preset: str | Preset = "quick", *, out_dir: str | Path | None = No
               prompts: str | Path | None = None, limit: int | None = None,
               only: Sequence[str] | None = None, force: bool = False, progress: bool = True,
               workers: int | None = None, scheduler: str | None = None, dtype: str | None = None,
-              log: Callable[[str], None] | None = None) -> StudyResult:
+              draft_dtype: str | None = None, log: Callable[[str], None] | None = None) -> StudyResult:
     """Run a preset's notebooks in order, skipping those already finished.
 
     Args:
@@ -372,6 +374,9 @@ def run_study(preset: str | Preset = "quick", *, out_dir: str | Path | None = No
             for every notebook that has a ``dtype`` parameter; default: the preset's
             (:attr:`Preset.dtype`; ``quick``: ``auto``), else each notebook's own. ``auto``
             is resolved once, before the first notebook (:mod:`specviz.models.auto`).
+        draft_dtype: the draft's weight mode (e.g. ``w4a8-token``) for every notebook that
+            has a ``draft_dtype`` parameter (the speed notebook, 06); default: the preset's
+            for the target's mode (:attr:`Preset.draft_dtypes`), else the target's mode.
         log: where progress lines go.
 
     Before the first notebook, the built-in models that the notebooks about to run load
@@ -400,6 +405,13 @@ def run_study(preset: str | Preset = "quick", *, out_dir: str | Path | None = No
             dtype = parse_weight_mode(dtype).name
         except ValueError as exc:
             raise StudyConfigError(f"dtype: {exc}") from None
+    if draft_dtype is not None:
+        from specviz.models.weights import parse_weight_mode
+
+        try:
+            draft_dtype = parse_weight_mode(draft_dtype).name
+        except ValueError as exc:
+            raise StudyConfigError(f"draft_dtype: {exc}") from None
     runs = _select(spec.runs, only)
     prompts_path = _check_prompts(prompts)
     limit = _check_limit(limit)
@@ -422,13 +434,18 @@ def run_study(preset: str | Preset = "quick", *, out_dir: str | Path | None = No
                 dtype = resolve_auto(DEFAULT_TARGET, log=log)
             except ValueError as exc:
                 raise StudyConfigError(f"dtype: {exc}") from None
+        if draft_dtype is None and dtype in spec.draft_dtypes:
+            draft_dtype = spec.draft_dtypes[dtype]
+            log(f"[study] the draft runs in {draft_dtype} beside the {dtype} target (--draft-dtype {dtype} keeps "
+                "it in the target's mode)")
         plans = []
         for run in runs:
             src = NOTEBOOKS_DIR / run.notebook
             if not src.is_file():
                 raise StudyConfigError(f"notebook {src} does not exist")
             declared = declared_parameters(src)
-            params = notebook_parameters(run, declared, out, prompts=prompts_path, limit=limit, dtype=dtype)
+            params = notebook_parameters(run, declared, out, prompts=prompts_path, limit=limit, dtype=dtype,
+                                         draft_dtype=draft_dtype)
             plans.append(_Plan(run, src, params, _fingerprint(src, params, prompts_path), declared))
         if (prompts_path is not None or limit is not None) and not any(
                 "prompts_path" in p.parameters or "prompt_limit" in p.parameters for p in plans):

@@ -154,11 +154,12 @@ def references_from(store: ResultStore, models: ModelSpec, prompts: Sequence[Pro
 
 
 def _key(models: ModelSpec, reference: GenerationResult) -> str:
-    """``<target>/<mode>/T<tokens>/<hash of prompt and continuation>``: units that read a
-    reference are keyed by its content, so references decoded differently never share results."""
+    """``<target>/<mode>[+draft-<mode>...]/T<tokens>/<hash of prompt and continuation>``: units
+    that read a reference are keyed by its content, so references decoded differently never
+    share results, and by the draft's mode where it differs from the target's."""
     text = " ".join(map(str, reference.prompt_ids)) + "|" + " ".join(map(str, reference.output_ids))
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    return f"{_model_tag(models)}/T{reference.max_new_tokens}/{digest}"
+    return f"{_model_tag(models)}{models.draft_tag}/T{reference.max_new_tokens}/{digest}"
 
 
 # -- teacher-forced ranks ------------------------------------------------------------------------
@@ -312,7 +313,8 @@ def dynamic_batch_units(models: ModelSpec, references: Sequence[GenerationResult
         chunk = order[start:start + batch_size]
         keys = " ".join(_key(models, references[i]) for i in chunk)
         digest = hashlib.sha256(keys.encode()).hexdigest()[:16]
-        units.append(Unit(f"{pair}/dynamic-k{topk}-d{depth}/{tag}/{_model_tag(models)}/b{batch_size}/batch-{digest}",
+        models_tag = f"{_model_tag(models)}{models.draft_tag}"
+        units.append(Unit(f"{pair}/dynamic-k{topk}-d{depth}/{tag}/{models_tag}/b{batch_size}/batch-{digest}",
                           _dynamic_batch_rows,
                           {"references": [references[i] for i in chunk], "budgets": budgets, "topk": topk,
                            "depth": depth, "pair": pair, "labels": [dict(labels[i]) for i in chunk]}))
@@ -474,7 +476,8 @@ def _timed_row(models: ModelSpec, prompt: Prompt, method: str, make: Callable | 
 def timed_units(models: ModelSpec, prompt: Prompt, methods: Sequence[tuple[str, Callable | None]], *,
                 max_new_tokens: int, threads: int | None, first_position: int = 0) -> list[Unit]:
     """One timed greedy generation (:func:`~specviz.bench.cost.timed_run`) per method, in
-    the order given, unit ``<method>/<reference id>/threads<n>``.
+    the order given, unit ``<method>/<reference id>[+draft-<mode>...]/threads<n>`` (the
+    draft's tag, :attr:`~specviz.study.work.ModelSpec.draft_tag`, for methods that draft).
 
     Args:
         methods: ``(label, make)`` pairs; ``make(pair)`` builds the drafter from the loaded
@@ -485,7 +488,7 @@ def timed_units(models: ModelSpec, prompt: Prompt, methods: Sequence[tuple[str, 
         first_position: where the first method comes in the prompt's order of runs.
     """
     ref = reference_id(models, prompt, max_new_tokens)
-    return [Unit(f"{label}/{ref}/threads{threads or 'default'}", _timed_row,
+    return [Unit(f"{label}/{ref}{'' if make is None else models.draft_tag}/threads{threads or 'default'}", _timed_row,
                  {"prompt": prompt, "method": label, "make": make, "max_new_tokens": max_new_tokens,
                   "position": first_position + i})
             for i, (label, make) in enumerate(methods)]
@@ -513,10 +516,10 @@ def profile_units(models: ModelSpec, prompt: Prompt, methods: Sequence[str], *, 
                   threads: int | None, warmup: bool = True) -> list[Unit]:
     """One greedy generation under torch's profiler per method (names in the benchmark's
     grammar; :func:`~specviz.bench.profile.profile_method`), unit
-    ``profile/<method>/<reference id>/threads<n>``: rows per phase of the engine, in
+    ``profile/<method>/<reference id>[+draft-<mode>...]/threads<n>``: rows per phase of the engine, in
     milliseconds per generated token by kind of work. ``warmup=False`` skips the untimed
     first run (when the same process has just run the methods)."""
-    ref = reference_id(models, prompt, max_new_tokens)
+    ref = reference_id(models, prompt, max_new_tokens) + models.draft_tag
     return [Unit(f"profile/{m}/{ref}/threads{threads or 'default'}", _profile_rows,
                  {"prompt": prompt, "method": m, "max_new_tokens": max_new_tokens, "warmup": warmup})
             for m in methods]
@@ -540,7 +543,8 @@ def _cost_rows(models: ModelSpec, role: str, sizes: Sequence[int], prefix_len: i
     from specviz.models.loading import load_model
     from specviz.study.work import machine_label
 
-    if dtype is None or dtype == models.dtype:
+    own = models.dtype if role == "target" else models.draft_mode
+    if dtype is None or dtype == own:
         model = getattr(models_for(models), role)
     else:  # another weight mode, loaded for this unit only (the tiny pair is converted from memory)
         source = (getattr(models_for(models), role) if models.kind == "tiny"
@@ -549,18 +553,24 @@ def _cost_rows(models: ModelSpec, role: str, sizes: Sequence[int], prefix_len: i
     curve = forward_cost_curve(model, list(sizes), prefix_len=prefix_len, warmup=warmup, repeats=repeats, seed=seed)
     del model
     gc.collect()
-    return curve.assign(role=role, dtype=dtype or models.dtype, machine=machine_label()).to_dict("records")
+    return curve.assign(role=role, dtype=dtype or own, machine=machine_label()).to_dict("records")
 
 
 def cost_units(models: ModelSpec, roles: Sequence[str], sizes: Sequence[int], *, prefix_len: int, repeats: int,
                seed: int, warmup: int = 1, dtype: str | None = None) -> list[Unit]:
     """One unit per role (``"target"``, ``"draft"``): the cost of one forward of ``n`` new
     tokens after a ``prefix_len``-token cache for each ``n`` in ``sizes``
-    (:func:`~specviz.bench.cost.forward_cost_curve`), in the pair's weight mode or in
+    (:func:`~specviz.bench.cost.forward_cost_curve`), in the model's weight mode in the
+    pair (the draft's may differ: :attr:`~specviz.study.work.ModelSpec.draft_dtype`) or in
     ``dtype`` (that model is then loaded for the unit only)."""
-    mode = dtype or models.dtype
     tag = f"n{'-'.join(map(str, sizes))}/p{prefix_len}/w{warmup}/r{repeats}/seed{seed}"
-    return [Unit(f"cost/{role}/{mode}/{tag}", _cost_rows,
+
+    def mode(role: str) -> str:
+        if dtype is not None:
+            return dtype
+        return models.dtype if role == "target" else f"{models.dtype}{models.draft_tag}"
+
+    return [Unit(f"cost/{role}/{mode(role)}/{tag}", _cost_rows,
                  {"role": role, "sizes": list(sizes), "prefix_len": prefix_len, "warmup": warmup,
                   "repeats": repeats, "seed": seed, "dtype": dtype})
             for role in roles]

@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import pandas as pd
 import torch
 
+from specviz.models.fused import DEFAULT_DRAFT_LAYERS, DRAFT_LAYERS
 from specviz.models.loading import DEFAULT_DRAFT, DEFAULT_TARGET, LoadedModel, ModelPair
 from specviz.study.cluster import PROGRESS_FILE
 from specviz.study.store import ResultStore, atomic_write_text
@@ -61,6 +62,10 @@ class ModelSpec:
         dtype: weight mode (``"fp32"``, ``"bf16"``, ...).
         target, draft: model names or paths for ``"builtin"``.
         seed: seed of the tiny pair.
+        draft_dtype: the draft's weight mode when it differs from the target's (None:
+            ``dtype``), e.g. ``"w4a8-token"`` for a 4-bit draft of a ``w8a8-token`` target.
+        draft_layers: how a ``w4a8-token`` draft on the CPU runs its decoder layers
+            (:data:`~specviz.models.fused.DRAFT_LAYERS`); other drafts ignore it.
     """
 
     kind: str = "builtin"
@@ -68,17 +73,39 @@ class ModelSpec:
     target: str = DEFAULT_TARGET
     draft: str = DEFAULT_DRAFT
     seed: int = 0
+    draft_dtype: str | None = None
+    draft_layers: str = DEFAULT_DRAFT_LAYERS
 
     def __post_init__(self) -> None:
         check_choice("models", self.kind, _KINDS)
+        check_choice("draft_layers", self.draft_layers, DRAFT_LAYERS)
+        if self.draft_dtype == self.dtype:
+            object.__setattr__(self, "draft_dtype", None)  # one spelling per pair: ids and caches agree
+
+    @property
+    def draft_mode(self) -> str:
+        """The draft's weight mode."""
+        return self.draft_dtype or self.dtype
+
+    @property
+    def draft_tag(self) -> str:
+        """What the ids of units that run the draft add for it: ``""`` for a draft in the
+        target's mode with the default layers (the ids of earlier runs), else
+        ``"+draft-<mode>"`` and, for a ``w4a8-token`` draft, ``"-<layers>"``."""
+        if self.draft_dtype is None and self.draft_layers == DEFAULT_DRAFT_LAYERS:
+            return ""
+        layers = f"-{self.draft_layers}" if self.draft_mode == "w4a8-token" else ""
+        return f"+draft-{self.draft_mode}{layers}"
 
     def load(self) -> ModelPair:
         """Load the pair (uncached; :func:`models_for` caches)."""
         from specviz.models.loading import load_pair, tiny_pair
 
         if self.kind == "tiny":
-            return tiny_pair(seed=self.seed, dtype=self.dtype)
-        return load_pair(self.target, self.draft, dtype=self.dtype)
+            return tiny_pair(seed=self.seed, dtype=self.dtype, draft_dtype=self.draft_dtype,
+                             draft_layers=self.draft_layers)
+        return load_pair(self.target, self.draft, dtype=self.dtype, draft_dtype=self.draft_dtype,
+                         draft_layers=self.draft_layers)
 
     @property
     def labels(self) -> tuple[str, str]:
