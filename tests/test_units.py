@@ -162,7 +162,8 @@ def test_a_draft_in_its_own_weight_mode_keys_the_units_that_run_it(tmp_path):
     four_bit = ModelSpec("tiny", "fp32", draft_dtype="w4a8-token")
     assert ModelSpec("tiny", "fp32", draft_dtype="fp32") == SPEC and SPEC.draft_tag == ""  # one spelling per pair
     assert four_bit.draft_mode == "w4a8-token" and four_bit.draft_tag == "+draft-w4a8-token-fused-one-pass"
-    assert ModelSpec("tiny", "fp32", draft_layers="modules").draft_tag == "+draft-fp32"
+    assert ModelSpec("tiny", "fp32", draft_layers="modules").draft_tag == ""  # layers only matter in w4a8-token
+    assert ModelSpec("tiny", "w4a8-token", draft_layers="modules").draft_tag == "+draft-w4a8-token-modules"
     with pytest.raises(ValueError, match="draft_layers"):
         ModelSpec("tiny", "fp32", draft_dtype="w4a8-token", draft_layers="fast")
     # the target's references are shared; what runs the draft is not

@@ -90,12 +90,13 @@ class ModelSpec:
     @property
     def draft_tag(self) -> str:
         """What the ids of units that run the draft add for it: ``""`` for a draft in the
-        target's mode with the default layers (the ids of earlier runs), else
-        ``"+draft-<mode>"`` and, for a ``w4a8-token`` draft, ``"-<layers>"``."""
-        if self.draft_dtype is None and self.draft_layers == DEFAULT_DRAFT_LAYERS:
+        target's mode running as :func:`~specviz.models.loading.load_pair` runs it by default
+        (the ids of earlier runs), else ``"+draft-<mode>"`` and, for a ``w4a8-token`` draft,
+        ``"-<layers>"``."""
+        w4 = self.draft_mode == "w4a8-token"  # the only mode whose layers may run otherwise
+        if self.draft_dtype is None and (not w4 or self.draft_layers == DEFAULT_DRAFT_LAYERS):
             return ""
-        layers = f"-{self.draft_layers}" if self.draft_mode == "w4a8-token" else ""
-        return f"+draft-{self.draft_mode}{layers}"
+        return f"+draft-{self.draft_mode}" + (f"-{self.draft_layers}" if w4 else "")
 
     def load(self) -> ModelPair:
         """Load the pair (uncached; :func:`models_for` caches)."""
