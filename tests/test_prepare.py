@@ -4,6 +4,7 @@ The slow stages (transformers' dequantization, papermill) are replaced by stand-
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -259,6 +260,9 @@ def test_study_prepares_models_before_the_first_notebook(fake_study, tmp_path):
     assert events == [f"prepare {models.DEFAULT_TARGET} bf16", f"prepare {models.DEFAULT_DRAFT} bf16",
                       "run 06_end_to_end_speed"]
     assert "draft_dtype" not in json.loads((tmp_path / "b" / "study.json").read_text())["notebooks"][0]["parameters"]
+    bad = dataclasses.replace(speed, name="bad", draft_dtypes={"w8a8-token": "int3"})
+    with pytest.raises(runner.StudyConfigError, match="preset 'bad''s draft_dtypes: unknown weight mode 'int3'"):
+        runner.run_study(bad, out_dir=tmp_path / "x", progress=False, log=lines.append, dtype="w8a8-token")
     events.clear()  # the command's --draft-dtype wins over the preset's
     runner.run_study(speed, out_dir=tmp_path / "c", progress=False, log=lines.append, dtype="w8a8-token",
                      draft_dtype="w8a8-token")

@@ -351,6 +351,20 @@ def _prepare_models(plans: Sequence[_Plan], log: Callable[[str], None], remote: 
     log(f"[study] built-in models ready in {time.perf_counter() - start:.0f} s")
 
 
+def _weight_mode(name: str, value: str) -> str:
+    """The canonical name of weight mode ``value``, given as ``name``.
+
+    Raises:
+        StudyConfigError: an unknown mode, named with ``name``.
+    """
+    from specviz.models.weights import parse_weight_mode
+
+    try:
+        return parse_weight_mode(value).name
+    except ValueError as exc:
+        raise StudyConfigError(f"{name}: {exc}") from None
+
+
 def run_study(preset: str | Preset = "quick", *, out_dir: str | Path | None = None,
               prompts: str | Path | None = None, limit: int | None = None,
               only: Sequence[str] | None = None, force: bool = False, progress: bool = True,
@@ -399,19 +413,9 @@ def run_study(preset: str | Preset = "quick", *, out_dir: str | Path | None = No
     from specviz.models.auto import is_auto
 
     if dtype is not None and not is_auto(dtype):
-        from specviz.models.weights import parse_weight_mode
-
-        try:
-            dtype = parse_weight_mode(dtype).name
-        except ValueError as exc:
-            raise StudyConfigError(f"dtype: {exc}") from None
+        dtype = _weight_mode("dtype", dtype)
     if draft_dtype is not None:
-        from specviz.models.weights import parse_weight_mode
-
-        try:
-            draft_dtype = parse_weight_mode(draft_dtype).name
-        except ValueError as exc:
-            raise StudyConfigError(f"draft_dtype: {exc}") from None
+        draft_dtype = _weight_mode("draft_dtype", draft_dtype)
     runs = _select(spec.runs, only)
     prompts_path = _check_prompts(prompts)
     limit = _check_limit(limit)
@@ -435,7 +439,7 @@ def run_study(preset: str | Preset = "quick", *, out_dir: str | Path | None = No
             except ValueError as exc:
                 raise StudyConfigError(f"dtype: {exc}") from None
         if draft_dtype is None and dtype in spec.draft_dtypes:
-            draft_dtype = spec.draft_dtypes[dtype]
+            draft_dtype = _weight_mode(f"preset {spec.name!r}'s draft_dtypes", spec.draft_dtypes[dtype])
             log(f"[study] the draft runs in {draft_dtype} beside the {dtype} target (--draft-dtype {dtype} keeps "
                 "it in the target's mode)")
         plans = []

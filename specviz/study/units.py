@@ -77,6 +77,11 @@ def _model_tag(models: ModelSpec) -> str:
     return f"{target}/{models.dtype}"
 
 
+def _pair_tag(models: ModelSpec) -> str:
+    """:func:`_model_tag` plus the draft's tag, for units that run the draft."""
+    return f"{_model_tag(models)}{models.draft_tag}"
+
+
 def reference_id(models: ModelSpec, prompt: Prompt, max_new_tokens: int, batch_size: int = 1) -> str:
     """Id of a greedy reference: ``<target>/<mode>/T<tokens>/<hash of the prompt text>``
     (``tiny-<seed>`` for the tiny pair; ``.../T<tokens>/b<batch_size>/...`` for one decoded
@@ -159,7 +164,7 @@ def _key(models: ModelSpec, reference: GenerationResult) -> str:
     share results, and by the draft's mode where it differs from the target's."""
     text = " ".join(map(str, reference.prompt_ids)) + "|" + " ".join(map(str, reference.output_ids))
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    return f"{_model_tag(models)}{models.draft_tag}/T{reference.max_new_tokens}/{digest}"
+    return f"{_pair_tag(models)}/T{reference.max_new_tokens}/{digest}"
 
 
 # -- teacher-forced ranks ------------------------------------------------------------------------
@@ -313,8 +318,7 @@ def dynamic_batch_units(models: ModelSpec, references: Sequence[GenerationResult
         chunk = order[start:start + batch_size]
         keys = " ".join(_key(models, references[i]) for i in chunk)
         digest = hashlib.sha256(keys.encode()).hexdigest()[:16]
-        models_tag = f"{_model_tag(models)}{models.draft_tag}"
-        units.append(Unit(f"{pair}/dynamic-k{topk}-d{depth}/{tag}/{models_tag}/b{batch_size}/batch-{digest}",
+        units.append(Unit(f"{pair}/dynamic-k{topk}-d{depth}/{tag}/{_pair_tag(models)}/b{batch_size}/batch-{digest}",
                           _dynamic_batch_rows,
                           {"references": [references[i] for i in chunk], "budgets": budgets, "topk": topk,
                            "depth": depth, "pair": pair, "labels": [dict(labels[i]) for i in chunk]}))
