@@ -103,8 +103,9 @@ def test_a_fused_forward_of_several_tokens_equals_one_token_forwards_bit_for_bit
 
 def test_one_pass_holds_for_the_modules_forwards_too(w4_pair):
     """``fused-one-pass`` puts every product of the draft (head included) in one activation
-    pass, so a prefill through the modules is one pass as well; the other choices give each
-    layer back the passes it was built with, and the fused call follows."""
+    pass, so a tree forward through the modules is one pass as well; the other choices give
+    each layer back the passes it was built with, and the fused call follows. A prefill is
+    one pass under every choice (the prompt's rule, :mod:`specviz.models.passes`)."""
     from specviz.models.w4a8 import W4A8TokenLinear
 
     model = w4_pair.draft.model
@@ -112,23 +113,28 @@ def test_one_pass_holds_for_the_modules_forwards_too(w4_pair):
     assert len(products) == 4 * model.config.num_hidden_layers + 1  # qkv, o, gate/up, down per layer, head
     ids = w4_pair.draft.tokenizer(PROMPT, return_tensors="pt").input_ids
     n = ids.shape[1]
+    p = n - 3
+    allowed = torch.ones(1, 3, n, dtype=torch.bool)
+    allowed[0, :, p:] = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)  # a tree: not causal
 
-    def prefill_and_step():
+    def prefill_and_tree():
         cache = new_cache(model)
-        first = forward_tokens(model, cache, ids, torch.arange(n)[None], None)  # modules (a prefill)
-        return first, forward_tokens(model, cache, torch.tensor([[5]]), torch.tensor([[n]]), None)
+        first = forward_tokens(model, cache, ids[:, :p], torch.arange(p)[None], None)  # a prefill
+        tree = forward_tokens(model, cache, ids[:, p:], torch.tensor([[p, p + 1, p + 1]]), allowed)  # modules
+        return first, tree, forward_tokens(model, cache, torch.tensor([[5]]), torch.tensor([[n]]), None)
 
     try:
         results = {}
         for layers in ("fused-one-pass", "fused", "modules", "fused-one-pass", "fused"):
             fuse_layers(model, layers)
             assert {m.residual for m in products} == {layers != "fused-one-pass"}
-            results.setdefault(layers, []).append(prefill_and_step())
+            results.setdefault(layers, []).append(prefill_and_tree())
         for runs in results.values():  # switching back and forth gives the same bits
             assert all(torch.equal(a, b) for a, b in zip(runs[0], runs[-1]))
-        one, two = results["fused-one-pass"][0][0], results["fused"][0][0]
+        assert torch.equal(results["fused-one-pass"][0][0], results["fused"][0][0])  # every prefill: one pass
+        one, two = results["fused-one-pass"][0][1], results["fused"][0][1]
         assert not torch.equal(one, two) and (one - two).abs().max() < 0.05 * two.abs().max()
-        assert torch.equal(results["modules"][0][0], two)  # the prefill: the same modules, both passes
+        assert torch.equal(results["modules"][0][1], two)  # the tree forward: the same modules, both passes
         fuse_layers(model, "fused-one-pass")
         for layer in products:  # in one pass, the operator still computes the PyTorch code's bits
             x = torch.randn(2, layer.in_features)

@@ -246,6 +246,8 @@ def _bf16_twin(target):
 
 def _run_peer(spec: MethodSpec, pair, ids: list[int], max_new_tokens: int, temperature: float, seed: int,
               eos: tuple[int, ...]) -> Generation:
+    from specviz.models.passes import prompt_in_one_pass
+
     model = (_bf16_twin(pair.target) if spec.family == "plain-bf16" else pair.target).model
     pad = pair.target.tokenizer.pad_token_id
     kwargs: dict = {"max_new_tokens": max_new_tokens, "eos_token_id": list(eos),
@@ -263,7 +265,8 @@ def _run_peer(spec: MethodSpec, pair, ids: list[int], max_new_tokens: int, tempe
         kwargs["prompt_lookup_num_tokens"] = spec.arguments()["k"]
         drafter = f"prompt lookup k={kwargs['prompt_lookup_num_tokens']}"
     prompt = torch.tensor([ids], device=model.device)  # (1, P)
-    with _TargetCalls(model) as calls:
+    # the prompt's positions in one activation pass in the token modes, as specviz's own prefills
+    with _TargetCalls(model) as calls, prompt_in_one_pass([model, kwargs.get("assistant_model")], len(ids)):
         # transformers samples from torch's global generator and takes no generator argument
         torch.manual_seed(seed)
         start = time.perf_counter()

@@ -20,6 +20,7 @@ import torch
 
 from specviz.models.device import model_device
 from specviz.models.loading import LoadedModel
+from specviz.models.passes import prompt_in_one_pass
 from specviz.tree.sequoia import positional_acceptance_from_counts
 from specviz.validate import check_int
 
@@ -57,7 +58,8 @@ def _teacher_forced(draft, prompt_ids: Sequence[int], continuation: Sequence[int
     if not cont or not prompt:
         raise ValueError(f"need a non-empty prompt and continuation, got {len(prompt)} and {len(cont)} tokens")
     ids = torch.tensor([prompt + cont[:-1]], device=model_device(model))  # (1, P + T - 1)
-    logits = model(input_ids=ids, use_cache=False, logits_to_keep=len(cont)).logits[0].float().cpu()  # (T, V)
+    with prompt_in_one_pass([model], len(prompt)):  # the prompt's rows as a live prefill computes them
+        logits = model(input_ids=ids, use_cache=False, logits_to_keep=len(cont)).logits[0].float().cpu()  # (T, V)
     target = torch.tensor(cont)[:, None]  # (T, 1)
     return logits, (logits > logits.gather(1, target)).sum(dim=1)  # (T, V), (T,)
 

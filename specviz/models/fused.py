@@ -41,6 +41,7 @@ import weakref
 import torch
 
 from specviz.models.extension import vnni_kernel, w8a8_token_op
+from specviz.models.passes import whole_forward_in_prompt
 from specviz.validate import check_choice
 
 __all__ = ["DRAFT_LAYERS", "DEFAULT_DRAFT_LAYERS", "FUSED_ATTR", "FUSED_MAX_TOKENS", "fuse_layers", "layers_of",
@@ -240,7 +241,7 @@ def fused_forward(model, cache, tokens: torch.Tensor, position_ids: torch.Tensor
     h = decoder.embed_tokens(tokens)  # (B, N, E)
     cos, sin = decoder.rotary_emb(h, position_ids)  # (B, N, D) each
     use_vnni = vnni_kernel()
-    two_passes = layers_of(model) != "fused-one-pass"
+    two_passes = layers_of(model) != "fused-one-pass" and not whole_forward_in_prompt()
     n = tokens.shape[1]
     for index, p in enumerate(params):
         keys, values, held = reserve_slots(cache, index, n, h.shape[0], p[16], p[17], h)

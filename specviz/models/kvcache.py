@@ -43,6 +43,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from specviz.models.device import model_device, to_device
 from specviz.models.fused import FUSED_MAX_TOKENS, causal_over_cache, fused_forward, is_fused
+from specviz.models.passes import prompt_positions, prompt_rows
 from specviz.attention.hf import ATTENTION_CHOICES, SHARED_KEYS_KWARG, SPECVIZ_ATTENTION, attention_implementation
 from specviz.validate import check_choice
 
@@ -505,7 +506,9 @@ def _direct_forward(model, cache: DynamicCache, tokens: torch.Tensor, position_i
     attend = ALL_ATTENTION_FUNCTIONS.get_interface(config._attn_implementation,
                                                    sys.modules[type(model).__module__].eager_attention_forward)
     layers = decoder.layers[: config.num_hidden_layers]
-    halves = _layer_programs(model, layers, rotary, h, cos_sin) or [  # else the same steps as Python calls
+    # a forward with prompt positions runs the modules: a program would record its passes
+    programs = None if prompt_rows(h) else _layer_programs(model, layers, rotary, h, cos_sin)
+    halves = programs or [  # else the same steps as Python calls
         (functools.partial(_before_attention, layer, rotary), functools.partial(_after_attention, layer))
         for layer in layers]
     for layer, (before, after) in zip(layers, halves):
@@ -571,6 +574,10 @@ def forward_tokens(model, cache: DynamicCache, tokens: torch.Tensor, position_id
     :data:`~specviz.models.fused.FUSED_MAX_TOKENS` of them: its logits then differ from ``model(...)``'s by
     rounding, which only moves what the draft proposes.
 
+    A forward onto an empty cache is a prompt's: in the token modes its rows run in one
+    activation pass (:mod:`specviz.models.passes`), every later forward's in the layers'
+    own passes.
+
     Returns:
         ``(B, N, V)`` float32 CPU logits (``(B, logits_to_keep, V)`` when it is set); with
         ``hidden``, the pair ``(logits, hidden)`` with ``hidden`` ``(B, N, E)`` float32 on
@@ -584,6 +591,13 @@ def forward_tokens(model, cache: DynamicCache, tokens: torch.Tensor, position_id
     if allowed is not None and allowed.shape != (b, n, s + n):
         raise ValueError(f"mask must have shape {(b, n, s + n)} (cache {s} + new {n}), "
                          f"got {tuple(allowed.shape)}")
+    with prompt_positions(n if s == 0 else 0, s, n):  # a forward onto an empty cache is a prompt's
+        return _forward_tokens(model, cache, tokens, position_ids, allowed, logits_to_keep, attention, hidden, head,
+                               s, n)
+
+
+def _forward_tokens(model, cache, tokens, position_ids, allowed, logits_to_keep, attention, hidden, head, s, n):
+    """:func:`forward_tokens` after its checks, ``s`` cached slots and ``n`` new tokens."""
     device = model_device(model)
     if is_fused(model) and attention != "sdpa" and n <= FUSED_MAX_TOKENS and causal_over_cache(allowed, s):
         fused = fused_forward(model, cache, tokens, position_ids, logits_to_keep, hidden, head)  # None: unsupported

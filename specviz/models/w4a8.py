@@ -6,7 +6,8 @@ weights' bytes. :class:`W4A8TokenLinear` stores each output channel's weights in
 ``z`` (``w = s * q + z``): 4.5 bits per weight against ``w8a8-token``'s 8 (plus its second,
 fbgemm-packed copy). Activations are quantized exactly as in
 :class:`~specviz.models.weights.W8A8TokenLinear`: SmoothQuant smoothing, one scale per
-token and a second int8 pass over each token's rounding residual.
+token and a second int8 pass over each token's rounding residual (which the rows of a
+prompt's positions skip, :mod:`specviz.models.passes`).
 
 Each row's output is computed as
 
@@ -37,6 +38,7 @@ import torch
 from torch import nn
 
 from specviz.models.extension import vnni_kernel, w4a8_token_op
+from specviz.models.passes import by_position
 
 __all__ = ["W4A8TokenLinear", "smoothing", "pack_w4", "layout_w4", "unpack_w4", "W4_GROUP"]
 
@@ -210,14 +212,18 @@ class W4A8TokenLinear(nn.Module):
         return w * self.inv_smooth[None, :]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return by_position(self, x, self._forward)
+
+    def _forward(self, x: torch.Tensor, residual: bool) -> torch.Tensor:
         op = w4a8_token_op()
         if op is not None:
-            return op(x, self.inv_smooth, self.packed, self.bias, self.residual, self.out_features, vnni_kernel())
-        return self.forward_pytorch(x)
+            return op(x, self.inv_smooth, self.packed, self.bias, residual, self.out_features, vnni_kernel())
+        return self.forward_pytorch(x, residual)
 
-    def forward_pytorch(self, x: torch.Tensor) -> torch.Tensor:
+    def forward_pytorch(self, x: torch.Tensor, residual: bool | None = None) -> torch.Tensor:
         """:meth:`forward` in PyTorch operators, bit for bit (what runs without the compiled
-        operator)."""
+        operator), every row in ``residual``'s passes (None: the layer's own)."""
+        residual = self.residual if residual is None else residual
         k, n = self.in_features, self.out_features
         if x.shape[-1] != k:
             raise ValueError(f"expected input (..., {k}), got {tuple(x.shape)}")
@@ -225,13 +231,13 @@ class W4A8TokenLinear(nn.Module):
         rows = xs.shape[0]
         codes_w, scales, minimums = self._unpacked()  # (Np, Kp), (Np, G), (Np, G)
         groups = scales.shape[1]
-        passes = 2 if self.residual else 1
+        passes = 2 if residual else 1
         codes = xs.new_zeros(passes * rows, groups * W4_GROUP)  # (P*M, Kp) activation codes
         amax = torch.linalg.vector_norm(xs, float("inf"), dim=1, keepdim=True).clamp_(min=1e-30)  # (M, 1)
         t = xs.mul_(_CODES / amax)
         torch.round(t, out=codes[:rows, :k])
         step = amax / _CODES
-        if self.residual:
+        if residual:
             err = t.sub_(codes[:rows, :k])
             emax = torch.linalg.vector_norm(err, float("inf"), dim=1, keepdim=True).clamp_(min=1e-30)
             torch.round(err.mul_(_CODES / emax), out=codes[rows:, :k])
@@ -245,7 +251,7 @@ class W4A8TokenLinear(nn.Module):
             acc = acc + minimums[:, g][None, :] * sums[:, g:g + 1]
         acc = acc[:, :n]
         y = acc[:rows] * step
-        if self.residual:
+        if residual:
             y = y + acc[rows:] * (step * (emax / _CODES))
         if self.bias is not None:
             y = y + self.bias

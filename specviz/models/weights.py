@@ -21,7 +21,8 @@ once per forward and make small forwards much cheaper. Each mode has one name:
   a second int8 pass over each token's rounding residual (:class:`W8A8TokenLinear`): more
   accurate than ``w8a8``, and batch-invariant (a token's projections do not depend
   on the other tokens of its forward), so verifying a draft computes what decoding its
-  tokens one by one would; prefills run through the same kernel. Layers that read one
+  tokens one by one would; prefills run through the same kernel, the prompt's positions
+  without the residual pass (:mod:`specviz.models.passes`). Layers that read one
   input (query/key/value, gate/up) are computed as one product (:class:`SharedInputGroup`):
   4 integer products per decoder layer instead of 7. Each product runs as one compiled
   operator where a C++ compiler is at hand (:mod:`specviz.models.extension`, bit for bit
@@ -53,6 +54,7 @@ import torch
 from torch import nn
 
 from specviz.models.extension import vnni_kernel, w8a8_token_op
+from specviz.models.passes import by_position
 from specviz.models.w4a8 import W4A8TokenLinear, smoothing
 from specviz.validate import check_choice
 
@@ -383,7 +385,9 @@ class W8A8TokenLinear(W8A8Linear):
       of the same product, so the weights stream once for both rows:
       ``y = a/127 * (Q(u) @ Wq.T + b/127 * Q(e * 127/b) @ Wq.T) + bias``. The activations
       then carry about 15 bits instead of 8; a one-token forward feeds fbgemm two rows,
-      which costs about what one row costs, a verification of n tokens 2n rows.
+      which costs about what one row costs, a verification of n tokens 2n rows. The rows of
+      a prompt's positions skip it (:mod:`specviz.models.passes`): a prefill is
+      compute-bound, and the second pass doubles its rows.
 
     The integer products are exact and the rescaling is elementwise, so a row's output does
     not depend on which other rows share its forward: verifying several tokens computes
@@ -408,7 +412,7 @@ class W8A8TokenLinear(W8A8Linear):
     row around the same fbgemm call, where it could be compiled; :meth:`forward_pytorch`
     is the same computation in PyTorch operators, with bit-identical results. On CPUs with
     AVX-512 VNNI the operator computes the integer products of forwards of at most
-    :attr:`vnni_max_rows` fed rows with its own kernel, from a second copy of the weight in
+    :attr:`vnni_max_rows` fed rows (by default all) with its own kernel, from a second copy of the weight in
     that kernel's layout (:func:`vnni_layout`), again bit for bit.
 
     Raises:
@@ -426,9 +430,12 @@ class W8A8TokenLinear(W8A8Linear):
         self.residual = bool(residual)
 
     #: forwards of at most this many fed rows (2 per token with the residual pass) take
-    #: the integer product from the VNNI kernel where it runs (:func:`vnni_layout`); at 16
-    #: rows it measured no faster than fbgemm's
-    vnni_max_rows: int = 12
+    #: the integer product from the VNNI kernel where it runs (:func:`vnni_layout`), by
+    #: default every forward: on a 2-core AMD EPYC (AVX512-BF16 and AVX-512 VNNI) it was
+    #: faster than fbgemm's at every size measured, the 1.5B target's forward of 8 tokens
+    #: 101-103 against 124-128 ms, of 64 tokens 605-615 against 771-1003 ms, its prefill of
+    #: 227 tokens 907-951 against 1148-1175 ms
+    vnni_max_rows: int = 1 << 30
 
     def _packed_source(self) -> torch.Tensor:
         """The weight with zero columns for the two range inputs, (N, K + 2)."""
@@ -444,34 +451,39 @@ class W8A8TokenLinear(W8A8Linear):
         return cls(linear.weight, linear.bias, input_absmax, residual=residual)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return by_position(self, x, self._forward)
+
+    def _forward(self, x: torch.Tensor, residual: bool) -> torch.Tensor:
         op = w8a8_token_op()
         if op is not None:  # the same arithmetic as below, in one compiled operator
             if self._vnni is not None:
-                return op(x, self.inv_smooth, self._packed, self.bias, self.residual, *self._vnni, self.vnni_max_rows)
-            return op(x, self.inv_smooth, self._packed, self.bias, self.residual)
-        return self.forward_pytorch(x)
+                return op(x, self.inv_smooth, self._packed, self.bias, residual, *self._vnni, self.vnni_max_rows)
+            return op(x, self.inv_smooth, self._packed, self.bias, residual)
+        return self.forward_pytorch(x, residual)
 
-    def forward_pytorch(self, x: torch.Tensor) -> torch.Tensor:
+    def forward_pytorch(self, x: torch.Tensor, residual: bool | None = None) -> torch.Tensor:
         """:meth:`forward` in PyTorch operators (what runs without the compiled operator of
-        :mod:`specviz.models.extension`)."""
+        :mod:`specviz.models.extension`), every row in ``residual``'s passes (None: the
+        layer's own)."""
+        residual = self.residual if residual is None else residual
         k = self.in_features
         xs = _flat(x, k).float() * self.inv_smooth  # (M, K) smoothed
         rows = xs.shape[0]
         codes_max = _W8A8_TOKEN_CODES
-        passes = 2 if self.residual else 1
+        passes = 2 if residual else 1
         fed = xs.new_empty(passes * rows, k + 2)  # (P*M, K + 2): integer codes, then the two range inputs
         # One scale per token: the row's largest magnitude maps to the largest code.
         amax = torch.linalg.vector_norm(xs, float("inf"), dim=1, keepdim=True).clamp_(min=1e-30)  # (M, 1)
         t = xs.mul_(codes_max / amax)  # (M, K) in [-127, 127]
         torch.round(t, out=fed[:rows, :k])
         step = amax / codes_max  # (M, 1) the value of one code
-        if self.residual:
+        if residual:
             err = t.sub_(fed[:rows, :k])  # (M, K) rounding error in codes, |err| <= 1/2
             emax = torch.linalg.vector_norm(err, float("inf"), dim=1, keepdim=True).clamp_(min=1e-30)  # (M, 1)
             torch.round(err.mul_(codes_max / emax), out=fed[rows:, :k])
         fed[:, k:] = self._range  # fbgemm measures [-127.5, 127.5]: scale 1, so the codes pass exactly
         y = torch.ops.quantized.linear_dynamic(fed, self._packed, False)  # (P*M, N) exact integer products x w_scale
-        if self.residual:  # separate operators: each product and the sum rounded on its own
+        if residual:  # separate operators: each product and the sum rounded on its own
             y = y[:rows].mul_(step).add_(y[rows:].mul_(step * (emax / codes_max)))
         else:
             y = y.mul_(step)  # (M, N)
