@@ -6,8 +6,8 @@ run a second int8 pass over the rounding residual (:class:`~specviz.models.weigh
 accurate; over a prompt it mostly costs time. A prefill is compute-bound (every weight is
 used by every prompt token), and the second pass doubles the rows of every product: on a
 2-core AMD EPYC (AVX512-BF16 and AVX-512 VNNI), the 1.5B target prefilled 227 tokens in
-2.48 s with both passes and in 1.00 s with one (43 tokens: 0.90 against 0.21 s). Its
-teacher-forced greedy agreement with fp32 over the generated positions stayed the same
+2.6-3.0 s with both passes and in 1.22-1.23 s with one (43 tokens: 436-451 against 258-277
+ms; fbgemm's integer product, three rounds alternated). Its teacher-forced greedy agreement with fp32 over the generated positions stayed the same
 (0.979 on the project's 7 prompts x 64 tokens, fed 4 per forward, either way): the
 prompt's keys and values are rounded a little more, and every generated token is still
 computed in both passes.
@@ -99,6 +99,9 @@ def prompt_in_one_pass(models: Iterable, prompt_len: int):
         ids = kwargs.get("input_ids")
         if ids is None:
             ids = args[0] if args else kwargs.get("inputs_embeds")
+        if ids is None or ids.dim() < 2:  # not a forward of new tokens this rule can place
+            stack.append(_PROMPT.set(None))
+            return
         new = int(ids.shape[1])
         stack.append(_PROMPT.set((prompt_len, start, new) if prompt_len > start else None))
 
