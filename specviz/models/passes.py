@@ -40,6 +40,11 @@ __all__ = ["prompt_positions", "prompt_rows", "whole_forward_in_prompt", "by_pos
 _PROMPT: contextvars.ContextVar = contextvars.ContextVar("specviz_prompt_positions", default=None)
 
 
+def _state(prompt_len: int, start: int, new: int):
+    """What :data:`_PROMPT` holds for a forward of ``new`` tokens from position ``start``."""
+    return (int(prompt_len), int(start), int(new)) if prompt_len > start else None
+
+
 @contextlib.contextmanager
 def prompt_positions(prompt_len: int, start: int, new: int):
     """Within the block, a forward of ``new`` tokens at positions ``start ..
@@ -47,7 +52,7 @@ def prompt_positions(prompt_len: int, start: int, new: int):
     the token modes' layers compute the rows of prompt positions in one activation pass.
     ``prompt_len <= start`` (no prompt position in the forward) runs every row in the
     layers' own passes, also inside an outer block."""
-    token = _PROMPT.set((int(prompt_len), int(start), int(new)) if prompt_len > start else None)
+    token = _PROMPT.set(_state(prompt_len, start, new))
     try:
         yield
     finally:
@@ -102,8 +107,7 @@ def prompt_in_one_pass(models: Iterable, prompt_len: int):
         if ids is None or ids.dim() < 2:  # not a forward of new tokens this rule can place
             stack.append(_PROMPT.set(None))
             return
-        new = int(ids.shape[1])
-        stack.append(_PROMPT.set((prompt_len, start, new) if prompt_len > start else None))
+        stack.append(_PROMPT.set(_state(prompt_len, start, ids.shape[1])))
 
     def after(module, args, kwargs, output):
         if stack:
