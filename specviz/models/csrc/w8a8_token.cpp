@@ -69,8 +69,15 @@ float absmax(const float* p, int64_t k) {
 
 // Bytes of a group's stream requested ahead (a prefetch never faults), into L2: requests
 // to L2 may be outstanding in larger numbers than line fills of L1, and measured about 5%
-// faster than T0 for 1-3 tokens on a 2-core Xeon.
+// faster than T0 for 1-3 tokens on a 2-core Xeon. On AMD CPUs the tiles ask for no
+// prefetch (soft_prefetch): the hardware prefetchers follow the sequential stream, and on
+// a 2-core AMD EPYC the prefetch slowed the streams down (see w4_tile).
 constexpr int64_t kPrefetchAhead = 8192;
+
+bool soft_prefetch() {
+  static const bool wanted = !__builtin_cpu_is("amd");
+  return wanted;
+}
 constexpr int kVnniRows = 6;  // rows per pass over a channel group (24 accumulators of 32 registers)
 
 bool cpu_has_vnni() {
@@ -84,7 +91,7 @@ bool cpu_has_vnni() {
 // vectors in memory (or shuffles it between registers on every step), which made a
 // 6-row tile run at half the speed of a 4-row one on an AMD EPYC; named, they stay in
 // registers (4R + 4 weight vectors + 1 broadcast <= 29 of 32 for R <= 6).
-template <int R>
+template <int R, bool Prefetch>
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_tile(
     const uint8_t* a, int64_t lda, const int8_t* w, int64_t kg, const int32_t* offsets, const float* scales,
     float* y, int64_t ldy, int64_t n0, int64_t n) {
@@ -94,7 +101,8 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_tile(
 #undef SPECVIZ_ACC
   for (int64_t g = 0; g < kg; ++g) {
     const int8_t* line = w + g * 256;
-    for (int b = 0; b < 4; ++b) _mm_prefetch(reinterpret_cast<const char*>(line + kPrefetchAhead + 64 * b), _MM_HINT_T1);
+    if constexpr (Prefetch)
+      for (int b = 0; b < 4; ++b) _mm_prefetch(reinterpret_cast<const char*>(line + kPrefetchAhead + 64 * b), _MM_HINT_T1);
     const __m512i w0 = _mm512_loadu_si512(line), w1 = _mm512_loadu_si512(line + 64),
                   w2 = _mm512_loadu_si512(line + 128), w3 = _mm512_loadu_si512(line + 192);
 #define SPECVIZ_ROW(r)                                \
@@ -127,8 +135,11 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_tile(
 
 using TileFn = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, const int32_t*, const float*, float*,
                         int64_t, int64_t, int64_t);
-constexpr TileFn kTiles[kVnniRows] = {vnni_tile<1>, vnni_tile<2>, vnni_tile<3>,
-                                      vnni_tile<4>, vnni_tile<5>, vnni_tile<6>};
+constexpr TileFn kTiles[2][kVnniRows] = {
+    {vnni_tile<1, false>, vnni_tile<2, false>, vnni_tile<3, false>, vnni_tile<4, false>, vnni_tile<5, false>,
+     vnni_tile<6, false>},
+    {vnni_tile<1, true>, vnni_tile<2, true>, vnni_tile<3, true>, vnni_tile<4, true>, vnni_tile<5, true>,
+     vnni_tile<6, true>}};
 
 // y (rows, N) = the exact integer products of codes (rows, K4) uint8 with the weight,
 // times scales: fbgemm's apply_dynamic for the same codes, without its range columns.
@@ -145,11 +156,12 @@ at::Tensor vnni_product(const at::Tensor& codes, const at::Tensor& weight, const
   float* yp = y.data_ptr<float>();
   // Each channel group's weights stream from memory once; its later row chunks find them
   // in the cache (a group of the 1.5B target holds at most 64 x 8960 bytes).
+  const TileFn* tiles = kTiles[soft_prefetch()];
   at::parallel_for(0, ng, 1, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
       for (int64_t r0 = 0; r0 < rows; r0 += kVnniRows) {
         const int64_t r = std::min<int64_t>(kVnniRows, rows - r0);
-        kTiles[r - 1](a + r0 * k4, k4, w + c * kg * 256, kg, off, sc, yp + r0 * n, n, 64 * c, n);
+        tiles[r - 1](a + r0 * k4, k4, w + c * kg * 256, kg, off, sc, yp + r0 * n, n, 64 * c, n);
       }
     }
   });
@@ -313,17 +325,18 @@ at::Tensor w8a8_token_linear(const at::Tensor& x, const at::Tensor& inv_smooth,
 // [o, b, lane, i] = q[.., 64g + 8o + i] | q[.., 64g + 8o + 4 + i] << 4; then 64 fp16 scales
 // and 64 fp16 minimums of the group's channels. A block is one contiguous stream.
 //
-// The tile asks for no software prefetch: the stream is sequential, which the hardware
-// prefetchers follow. With the VNNI product's prefetch (8 KB ahead, into L2) the 4-bit
-// layers of the built-in 0.5B draft (265 MB, one token, 2 threads of an AMD EPYC, medians
-// of 25 passes) took 8.9-11.0 ms; without it 7.3-7.6 ms (27 GB/s), and prefetching 1-4 KB
-// ahead into L1 or L2 gave 6.5-8.0 ms, no better (one thread: 14.4-14.6 against 8.8-8.9).
+// The tile prefetches as the VNNI product does, except on AMD CPUs (soft_prefetch), where
+// the hardware prefetchers follow the sequential stream better alone: with the prefetch
+// (8 KB ahead, into L2) the 4-bit layers of the built-in 0.5B draft (265 MB, one token, 2
+// threads of an AMD EPYC, medians of 25 passes) took 8.9-11.0 ms; without it 7.3-7.6 ms
+// (27 GB/s); prefetching 1-4 KB ahead into L1 or L2 gave 6.5-8.0 ms, no better (one
+// thread: 14.4-14.6 against 8.8-8.9 ms without).
 
 constexpr int kW4Rows = 4;                 // rows per pass over a block (16 accumulators)
 constexpr int64_t kW4GroupBytes = 2304;    // 8 lines of 256 weight bytes + 256 bytes of scales
 constexpr int64_t kW4Group = 64;           // inputs per group
 
-template <int R>
+template <int R, bool Prefetch>
 __attribute__((target("avx512f,avx512bw,avx512vnni,f16c"))) void w4_tile(
     const int8_t* a, int64_t lda, const float* xsum, int64_t ldx, const uint8_t* w, int64_t groups,
     float* y, int64_t ldy, int64_t n0, int64_t n) {
@@ -338,6 +351,9 @@ __attribute__((target("avx512f,avx512bw,avx512vnni,f16c"))) void w4_tile(
       for (int b = 0; b < 4; ++b) acc[r][b] = _mm512_setzero_si512();
     for (int o = 0; o < 8; ++o) {
       const uint8_t* line = blk + o * 256;
+      if constexpr (Prefetch)
+        for (int b = 0; b < 4; ++b)
+          _mm_prefetch(reinterpret_cast<const char*>(line + kPrefetchAhead + 64 * b), _MM_HINT_T1);
       __m512i lo[4], hi[4];
       for (int b = 0; b < 4; ++b) {
         const __m512i raw = _mm512_loadu_si512(line + b * 64);
@@ -444,7 +460,9 @@ constexpr W4Avx2TileFn kW4Avx2Tiles[kW4Avx2Rows] = {w4_tile_avx2<1>, w4_tile_avx
 
 using W4TileFn = void (*)(const int8_t*, int64_t, const float*, int64_t, const uint8_t*, int64_t, float*, int64_t,
                           int64_t, int64_t);
-constexpr W4TileFn kW4Tiles[kW4Rows] = {w4_tile<1>, w4_tile<2>, w4_tile<3>, w4_tile<4>};
+constexpr W4TileFn kW4Tiles[2][kW4Rows] = {
+    {w4_tile<1, false>, w4_tile<2, false>, w4_tile<3, false>, w4_tile<4, false>},
+    {w4_tile<1, true>, w4_tile<2, true>, w4_tile<3, true>, w4_tile<4, true>}};
 
 at::Tensor w4a8_token_linear(const at::Tensor& x, const at::Tensor& inv_smooth, const at::Tensor& weight,
                              const std::optional<at::Tensor>& bias, bool residual, int64_t out_features,
@@ -510,6 +528,7 @@ at::Tensor w4a8_token_linear(const at::Tensor& x, const at::Tensor& inv_smooth, 
   TORCH_CHECK(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"),
               "w4a8_token_linear needs a CPU with AVX2 and F16C");
   const bool vnni = use_vnni && cpu_has_vnni();
+  const W4TileFn* w4_tiles = kW4Tiles[soft_prefetch()];
   // Each block's stream is read from memory once; its later row chunks find it in the cache.
   at::parallel_for(0, ng, 1, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
@@ -518,7 +537,7 @@ at::Tensor w4a8_token_linear(const at::Tensor& x, const at::Tensor& inv_smooth, 
       for (int64_t r0 = 0; r0 < rows; r0 += tile) {
         const int64_t r = std::min<int64_t>(tile, rows - r0);
         if (vnni) {
-          kW4Tiles[r - 1](cp + r0 * kp, kp, sp + r0 * groups, groups, wc, groups, yp + r0 * n, n, 64 * c, n);
+          w4_tiles[r - 1](cp + r0 * kp, kp, sp + r0 * groups, groups, wc, groups, yp + r0 * n, n, 64 * c, n);
         } else {
           for (int half = 0; half < 2 && 64 * c + 32 * half < n; ++half)
             kW4Avx2Tiles[r - 1](cp + r0 * kp, kp, sp + r0 * groups, groups, wc, groups, yp + r0 * n, n, 64 * c, n,
