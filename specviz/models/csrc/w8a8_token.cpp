@@ -329,8 +329,8 @@ at::Tensor w8a8_token_linear(const at::Tensor& x, const at::Tensor& inv_smooth,
 // the hardware prefetchers follow the sequential stream better alone: with the prefetch
 // (8 KB ahead, into L2) the 4-bit layers of the built-in 0.5B draft (265 MB, one token, 2
 // threads of an AMD EPYC, medians of 25 passes) took 8.9-11.0 ms; without it 7.3-7.6 ms
-// (27 GB/s); prefetching 1-4 KB ahead into L1 or L2 gave 6.5-8.0 ms, no better (one
-// thread: 14.4-14.6 against 8.8-8.9 ms without).
+// (27 GB/s); prefetching 0.5-4 KB ahead into L1 or L2 gave 5.8-7.8 ms, no clear gain (one
+// thread: 14.4-14.6 against 8.8-9.1 ms without).
 
 constexpr int kW4Rows = 4;                 // rows per pass over a block (16 accumulators)
 constexpr int64_t kW4GroupBytes = 2304;    // 8 lines of 256 weight bytes + 256 bytes of scales
