@@ -104,10 +104,9 @@ def prompt_in_one_pass(models: Iterable, prompt_len: int):
         ids = kwargs.get("input_ids")
         if ids is None:
             ids = args[0] if args else kwargs.get("inputs_embeds")
-        if ids is None or ids.dim() < 2:  # not a forward of new tokens this rule can place
-            stack.append(_PROMPT.set(None))
-            return
-        stack.append(_PROMPT.set(_state(prompt_len, start, ids.shape[1])))
+        # a call without new tokens this rule can place runs in the layers' own passes
+        placed = ids is not None and ids.dim() >= 2
+        stack.append(_PROMPT.set(_state(prompt_len, start, ids.shape[1]) if placed else None))
 
     def after(module, args, kwargs, output):
         if stack:
