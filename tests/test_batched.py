@@ -4,6 +4,7 @@ equals its one-by-one run, and the study units built on them read back the same 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from specviz.decode.engine import plain_generate, plain_generate_batch
 from specviz.decode.replay import replay_dynamic, replay_dynamic_batch
@@ -39,6 +40,23 @@ def test_plain_generate_batch_stops_rows_at_end_of_sequence(tiny_pair, monkeypat
     assert [r.output_ids for r in many] == [r.output_ids for r in one]
     assert [r.stop_reason for r in many] == [r.stop_reason for r in one]
     assert {r.stop_reason for r in many} == {"eos", "max_new_tokens"}
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 30])
+def test_plain_generate_batch_returns_the_decodings_hidden_states(tiny_pair, monkeypatch, max_new_tokens):
+    from specviz.heads import target_features
+    alone = [plain_generate(tiny_pair.target, p, max_new_tokens=30, stop_at_eos=False) for p in PROMPTS]
+    monkeypatch.setattr(tiny_pair.target.model.generation_config, "eos_token_id", alone[0].output_ids[3])
+    plain = plain_generate_batch(tiny_pair.target, PROMPTS, max_new_tokens=max_new_tokens, batch_size=3)
+    kept = plain_generate_batch(tiny_pair.target, PROMPTS, max_new_tokens=max_new_tokens, batch_size=3, features=True)
+    assert [r.output_ids for r, _ in kept] == [r.output_ids for r in plain]  # the extra forwards change nothing
+    if max_new_tokens == 30:
+        assert {r.stop_reason for r, _ in kept} == {"eos", "max_new_tokens"}  # rows end at different steps
+    for result, feats in kept:
+        seq = list(result.prompt_ids) + list(result.output_ids)
+        assert feats.shape == (len(seq), tiny_pair.target.model.config.hidden_size) and feats.dtype == torch.float32
+        # every position, the last token's included, as one teacher-forced forward computes it
+        torch.testing.assert_close(feats, target_features(tiny_pair.target, seq), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("batch_size", [1, 3, 5])

@@ -8,7 +8,7 @@ import itertools
 import json
 import math
 import os
-
+from pathlib import Path
 from types import SimpleNamespace
 
 import pandas as pd
@@ -33,31 +33,33 @@ from specviz.heads import (
     Corpus,
     EagleDrafter,
     EagleHead,
+    HEADS_ENV,
     HeadConfig,
     MedusaDrafter,
     MedusaHeads,
+    PRECISIONS,
+    SELF_OPENERS,
+    TASK_KINDS,
     build_corpus,
     config_hash,
     draft_vocab,
     extract_features,
-    HEADS_ENV,
     features_dir,
     find_heads,
     head_accuracy,
-    heads_validation,
     heads_dir,
+    heads_validation,
     load_features,
     load_heads,
     medusa_tree,
     out_of_vocab_share,
     reduced_vocab,
-    SELF_OPENERS,
     self_prompts,
     stdlib_prompts,
-    task_prompts,
-    TASK_KINDS,
     target_features,
+    task_prompts,
     train_heads,
+    training_precision,
     validation_split,
 )
 from specviz.heads.__main__ import main
@@ -296,6 +298,37 @@ def test_build_corpus_decodes_greedy_continuations_in_batches(tiny_pair, tmp_pat
         build_corpus(tiny_pair.target, batch_size=0, **kwargs)
 
 
+def test_build_corpus_keeps_the_decodings_features(tiny_pair, tmp_path, monkeypatch):
+    store = tmp_path / "corpus.jsonl"
+    kwargs = dict(prompts=0, tasks=3, max_new_tokens=5, temperatures=(0.0,), batch_size=2, store=store,
+                  progress=False)
+    data = build_corpus(tiny_pair.target, **kwargs)
+    assert len(list(Path(str(store) + ".features").glob("*.pt"))) == 3  # one file per continuation
+    again = build_corpus(tiny_pair.target, **kwargs)  # read back from the store, features from their files
+    width = tiny_pair.target.model.config.hidden_size
+    for i, seq in enumerate(data.sequences):
+        name, mode, feats = again.features(i)
+        assert (name, mode) == (tiny_pair.target.name, "fp32") and feats.shape == (len(seq), width)
+        torch.testing.assert_close(feats.float(), target_features(tiny_pair.target, seq), atol=1e-2, rtol=1e-2)
+    monkeypatch.setattr("specviz.heads.features.target_features", lambda *a: pytest.fail("a kept sequence again"))
+    out = extract_features(tiny_pair.target, again.sequences, tmp_path / "f", sha256=again.sha256, shard_size=2,
+                           progress=False, kept=again.features)
+    assert [f.shape[0] for f in load_features(out)] == [len(s) for s in data.sequences]
+    monkeypatch.undo()
+    in_memory = build_corpus(tiny_pair.target, **{**kwargs, "store": None})
+    assert in_memory == data and in_memory.features(0)[2].shape == (len(data.sequences[0]), width)
+    # features of another weight mode, or of a sequence they do not cover, are computed again
+    other_mode = dataclasses.replace(tiny_pair.target, weight_mode="bf16")
+    computed = []
+    monkeypatch.setattr("specviz.heads.features.target_features",
+                        lambda target, seq: computed.append(len(seq)) or torch.zeros(len(seq), width))
+    extract_features(other_mode, again.sequences, tmp_path / "g", sha256=again.sha256, progress=False,
+                     kept=again.features)
+    assert computed == [len(s) for s in data.sequences]
+    (next(Path(str(store) + ".features").glob("*.pt"))).write_bytes(b"damaged")
+    assert sum(build_corpus(tiny_pair.target, **kwargs).features(i) is None for i in range(3)) == 1
+
+
 def test_build_corpus_records_size_and_hash(tiny_pair, tmp_path):
     store = tmp_path / "corpus.jsonl"
     data = build_corpus(tiny_pair.target, prompts=1, max_new_tokens=6, max_prompt_chars=120, store=store,
@@ -369,6 +402,19 @@ def test_checkpoints_are_written_while_training(tiny_pair, corpus, tmp_path, mon
     train_heads("medusa", tiny_pair.target, corpus, steps=3, out_dir=tmp_path / "run", features=tmp_path / "f",
                 config=HeadConfig(window=16, batch_size=2, checkpoint_minutes=1e-9), progress=False)
     assert saved == [1, 2, 3, 3]  # after every step (the interval is tiny), then the final one
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_training_in_bfloat16_lowers_the_loss(tiny_pair, corpus, tmp_path, kind):
+    cfg = dataclasses.replace(SMALL, precision="bf16", validation=0.0)
+    result = train_heads(kind, tiny_pair.target, corpus, steps=STEPS, config=cfg, out_dir=tmp_path / kind,
+                         progress=False)
+    losses = [loss for _, loss, _ in result.history]
+    assert all(math.isfinite(x) for x in losses) and _mean(losses[-5:]) < _mean(losses[:5])
+    assert all(p.dtype == torch.float32 for p in result.heads.parameters())  # float32 weights, bf16 products
+    assert training_precision("cpu") in PRECISIONS and training_precision("meta") == "fp32"
+    with pytest.raises(ValueError, match="precision must be one of"):
+        HeadConfig(precision="fp16")
 
 
 def test_validation_split():
@@ -451,8 +497,11 @@ def test_cache_keys(corpus):
               heads_dir("tiny-qwen2-seed0", "medusa", HeadConfig(lr=1e-4), corpus.sha256),
               heads_dir("tiny-qwen2-seed0", "medusa", HeadConfig(vocab=100), corpus.sha256),
               heads_dir("tiny-qwen2-seed0", "medusa", cfg, "f" * 64),
-              heads_dir("tiny-qwen2-seed0", "medusa", cfg, corpus.sha256, weight_mode="bf16")]
-    assert len({base, *others}) == 7
+              heads_dir("tiny-qwen2-seed0", "medusa", cfg, corpus.sha256, weight_mode="bf16"),
+              heads_dir("tiny-qwen2-seed0", "medusa", HeadConfig(precision="bf16"), corpus.sha256)]
+    assert len({base, *others}) == 8
+    # the float32 default hashes as before the setting existed (results trained then keep their key)
+    assert "precision" not in cfg.key_fields("medusa") and "precision" in HeadConfig(precision="bf16").key_fields("eagle")
     assert config_hash("eagle", HeadConfig(n_heads=2)) == config_hash("eagle", HeadConfig(n_heads=5))
     assert config_hash("medusa", HeadConfig(n_heads=2)) != config_hash("medusa", HeadConfig(n_heads=5))
 

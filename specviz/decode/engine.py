@@ -489,7 +489,8 @@ def _next_token(logits: torch.Tensor, config: SamplingConfig, generator: torch.G
 @torch.no_grad()
 def plain_generate_batch(target: LoadedModel, prompts: Sequence[str | Sequence[int]], *, max_new_tokens: int = 64,
                          batch_size: int = 16, chat: bool = True, stop_at_eos: bool = True,
-                         config: SamplingConfig = GREEDY, seed: int | Sequence[int] = 0) -> list[GenerationResult]:
+                         config: SamplingConfig = GREEDY, seed: int | Sequence[int] = 0,
+                         features: bool = False) -> list[GenerationResult] | list[tuple[GenerationResult, torch.Tensor]]:
     """Target-only decoding of many prompts, ``batch_size`` rows per forward.
 
     Each prompt is prefilled alone (the forward :func:`plain_generate` runs, so the first
@@ -515,7 +516,17 @@ def plain_generate_batch(target: LoadedModel, prompts: Sequence[str | Sequence[i
         config: greedy (default) or a sampling configuration.
         seed: the first prompt's sampling seed (prompt ``i`` uses ``seed + i``), or one
             seed per prompt.
+        features: also return the target's last hidden state (the input of its LM head)
+            at every position of each sequence, prompt and continuation, as the decoding
+            computed it: the prefill's for the prompt, each step's for the token it fed,
+            and one more forward of a finished row for its last token. Draft heads learn
+            from these (:func:`specviz.heads.build_corpus`), so their training data needs
+            no second, teacher-forced pass over the sequences.
         Other arguments as in :func:`plain_generate`.
+
+    Returns:
+        One :class:`GenerationResult` per prompt, in order; with ``features``, pairs of it
+        and a ``(T, H)`` float32 CPU tensor, ``T = len(prompt_ids) + len(output_ids)``.
     """
     if isinstance(prompts, (str, torch.Tensor)) or not len(prompts):
         raise ValueError("prompts must be a non-empty list of prompts")
@@ -534,33 +545,40 @@ def plain_generate_batch(target: LoadedModel, prompts: Sequence[str | Sequence[i
     for ids in encoded:
         _check_prompt(target, ids)
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
-    results: list[GenerationResult | None] = [None] * len(encoded)
+    results: list = [None] * len(encoded)
     for start in range(0, len(order), batch_size):
         chunk = order[start:start + batch_size]
         gens = [make_generator(seeds[i]) for i in chunk]
         for i, result in zip(chunk, _plain_batch(target, [encoded[i] for i in chunk], max_new_tokens, stop_at_eos,
-                                                 config, gens)):
+                                                 config, gens, features)):
             results[i] = result
     return results
 
 
 def _plain_batch(target: LoadedModel, prompts: list[list[int]], max_new_tokens: int, stop_at_eos: bool,
-                 config: SamplingConfig, generators: list[torch.Generator]) -> list[GenerationResult]:
-    """One batch of :func:`plain_generate_batch` (row ``b`` samples with ``generators[b]``)."""
+                 config: SamplingConfig, generators: list[torch.Generator], features: bool = False) -> list:
+    """One batch of :func:`plain_generate_batch` (row ``b`` samples with ``generators[b]``;
+    with ``features``, a finished row stays for one more forward, which feeds its last
+    token for that token's hidden state and samples nothing)."""
     start = time.perf_counter()
     stops = stop_rules(target, max_new_tokens, stop_at_eos)
     caches, tokens, reasons, walls = [], [], [], []
+    states: list[list[torch.Tensor]] = [[] for _ in prompts]  # per row: (n, H) hidden states in position order
     for b, ids in enumerate(prompts):
         cache = new_cache(target.model)
         pos = torch.arange(len(ids))[None]  # (1, L)
-        logits = forward_tokens(target.model, cache, torch.tensor([ids]), pos, None, logits_to_keep=1)[0, -1]  # (V,)
-        nxt = _next_token(logits, config, generators[b])
+        logits = forward_tokens(target.model, cache, torch.tensor([ids]), pos, None, logits_to_keep=1,
+                                hidden=features)
+        if features:
+            logits, hid = logits
+            states[b].append(hid[0].float().cpu())  # (L, H)
+        nxt = _next_token(logits[0, -1], config, generators[b])
         _, reason = stops.commit([nxt], len(ids), 0)
         caches.append(cache)
         tokens.append(list(ids) + [nxt])
         reasons.append(reason)
         walls.append(time.perf_counter() - start if reason else 0.0)
-    active = [b for b, r in enumerate(reasons) if not r]
+    active = [b for b, r in enumerate(reasons) if features or not r]
     lengths = [len(prompts[b]) for b in active]  # real cache slots of each active row
     cache = stack_caches(target.model, [caches[b] for b in active]) if active else None
     del caches
@@ -574,16 +592,24 @@ def _plain_batch(target: LoadedModel, prompts: list[list[int]], max_new_tokens: 
         for r, n in enumerate(lengths):
             allowed[r, 0, :n] = True
         allowed[:, 0, smax:] = True
-        logits = forward_tokens(target.model, cache, feed, pos, allowed)[:, -1]  # (B, V)
+        logits = forward_tokens(target.model, cache, feed, pos, allowed, hidden=features)
+        if features:
+            logits, hid = logits
+            hid = hid[:, -1].float().cpu()  # (B, H)
+        logits = logits[:, -1]  # (B, V)
         step += 1
         keep = []
         for r, b in enumerate(active):
+            if features:
+                states[b].append(hid[r:r + 1])
+                if reasons[b]:  # its last token's state is in: the row is done
+                    continue
             nxt = _next_token(logits[r], config, generators[b])
             _, reason = stops.commit([nxt], len(prompts[b]), len(tokens[b]) - len(prompts[b]))
             tokens[b].append(nxt)
             if reason:
                 reasons[b], walls[b] = reason, time.perf_counter() - start
-            else:
+            if features or not reason:
                 keep.append(r)
         if len(keep) < rows:
             if not keep:
@@ -594,8 +620,15 @@ def _plain_batch(target: LoadedModel, prompts: list[list[int]], max_new_tokens: 
     out = []
     for b, ids in enumerate(prompts):
         new = tuple(tokens[b][len(ids):])
-        out.append(GenerationResult(
+        result = GenerationResult(
             prompt_ids=tuple(ids), output_ids=new, text=target.tokenizer.decode(list(new), skip_special_tokens=True),
             steps=(), wall_s=walls[b], stop_reason=reasons[b], drafter="none", verifier="none", config=config,
-            max_new_tokens=max_new_tokens))
+            max_new_tokens=max_new_tokens)
+        if features:
+            hid = torch.cat(states[b])  # (T, H): every position fed once
+            if hid.shape[0] != len(tokens[b]):
+                raise RuntimeError(f"kept {hid.shape[0]} hidden states for {len(tokens[b])} positions")
+            out.append((result, hid))
+        else:
+            out.append(result)
     return out

@@ -2,7 +2,8 @@
 hidden states, trained by self-distillation without downloading anything.
 
 * :mod:`~specviz.heads.features` - the target's last hidden states (:func:`target_features`),
-  cached on disk for a training set (:func:`extract_features`);
+  cached on disk for a training set (:func:`extract_features`, which takes those the
+  corpus kept while the target decoded it);
 * :mod:`~specviz.heads.corpus` - training prompts of the study's task kinds
   (:func:`task_prompts`), written by the target itself (:func:`self_prompts`) and from
   the Python standard library (and optionally a Spec-Bench file minus the evaluation

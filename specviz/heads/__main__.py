@@ -6,8 +6,8 @@
     python -m specviz.heads train --kind eagle --tiny --steps 200        # the tiny random target
     python -m specviz.heads info ~/.cache/specviz/heads/<target>/<kind>-c...-d...
 
-``train`` builds the self-distilled corpus (cached, resumable), extracts the target's
-features (cached, resumable), trains, and prints the result directory, which the
+``train`` builds the self-distilled corpus (cached, resumable; the target's features are
+kept as it decodes), gathers the features into the training cache, trains, and prints the result directory, which the
 ``medusa`` / ``eagle`` strategies of :mod:`specviz.draft.registry` then find. Running the
 same command again resumes an interrupted run. Bad arguments exit with status 2 and a
 one-line error.
@@ -69,6 +69,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--validation", type=float, default=0.1, metavar="SHARE",
                    help="share of the sequences held out to pick the best weights and measure them (default 0.1; "
                         "0 for none)")
+    t.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16"),
+                   help="products of a training step: fp32, bf16 (autocast), or auto: bf16 where a probe finds it "
+                        "faster on this machine (default auto)")
     t.add_argument("--seed", type=int, default=0, help="prompt choice, sampling and initialisation seed")
     t.add_argument("--dtype", default="fp32", help="weight mode of the target (default fp32)")
     t.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -86,7 +89,7 @@ def _positive(name: str, value, allow_none: bool = True) -> None:
 
 def _train(args) -> int:
     from specviz.heads.corpus import build_corpus
-    from specviz.heads.training import HeadConfig, train_heads
+    from specviz.heads.training import HeadConfig, train_heads, training_precision
     from specviz.models.loading import cache_dir, load_model, tiny_pair
 
     if args.tiny == bool(args.target):
@@ -112,9 +115,10 @@ def _train(args) -> int:
     if prompts + tasks + written == 0 and args.spec_bench is None:
         raise _UsageError("no training prompts: --prompts, --tasks and --written are all 0 and there is no "
                           "--spec-bench")
-    config = HeadConfig(n_heads=args.heads, vocab=args.vocab, lr=args.lr, batch_size=args.batch, window=args.window,
-                        seed=args.seed, validation=args.validation)
     target = tiny_pair(seed=0).target if args.tiny else load_model(args.target, args.dtype)
+    precision = training_precision(target.device) if args.precision == "auto" else args.precision
+    config = HeadConfig(n_heads=args.heads, vocab=args.vocab, lr=args.lr, batch_size=args.batch, window=args.window,
+                        seed=args.seed, validation=args.validation, precision=precision)
     if args.vocab is not None and args.vocab > target.vocab_size:
         raise _UsageError(f"--vocab {args.vocab} is larger than {target.name}'s vocabulary ({target.vocab_size})")
     new_tokens = args.new_tokens if args.new_tokens is not None else (32 if args.tiny else 192)
@@ -128,7 +132,8 @@ def _train(args) -> int:
                           seed=args.seed, temperatures=temperatures, spec_bench=args.spec_bench,
                           exclude_categories=exclude, max_prompt_chars=max_chars, store=store,
                           batch_size=args.decode_batch, progress=not args.no_progress)
-    print(f"corpus: {len(corpus)} sequences, {corpus.tokens} tokens, sha256 {corpus.sha256[:16]}", file=sys.stderr)
+    print(f"corpus: {len(corpus)} sequences, {corpus.tokens} tokens, sha256 {corpus.sha256[:16]}; training in "
+          f"{precision}", file=sys.stderr)
     result = train_heads(args.kind, target, corpus, minutes=args.minutes, steps=args.steps, out_dir=args.out,
                          config=config, progress=not args.no_progress)
     val = result.validation

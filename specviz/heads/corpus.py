@@ -18,7 +18,10 @@ library and from task templates, continued by the target itself (self-distillati
 * :func:`build_corpus` - each prompt continued by the target, greedily and sampled
   (temperature 0.7 with a seed), as a :class:`Corpus` of token sequences with its size
   in tokens and a sha256 of its token ids. With a ``store`` path, finished
-  continuations are kept on disk and a rerun resumes.
+  continuations are kept on disk and a rerun resumes. The target's features (its last
+  hidden states) are kept as the decoding computes them
+  (:func:`~specviz.decode.engine.plain_generate_batch` with ``features=True``), so the
+  training needs no second pass over the sequences (:attr:`Corpus.features`).
 
 The standard library's text differs between Python versions, so the prompts (and the
 corpus hash) are deterministic for one Python version.
@@ -34,9 +37,9 @@ import os
 import random
 import sys
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
@@ -86,18 +89,25 @@ class Corpus:
         tokens: the data set's size in tokens (all sequences together).
         sha256: hex sha256 of the token ids and prompt boundaries; training results
             are keyed by it.
+        features: where the target's features of sequence ``i`` were kept when it was
+            decoded: ``features(i)`` is ``(target name, weight mode, (T, H) tensor)`` or
+            None (:func:`build_corpus` sets it; None: no sequence has any). Not part of
+            the hash: :func:`~specviz.heads.extract_features` uses them for the target
+            and weight mode they came from and computes the others.
     """
 
     sequences: tuple[tuple[int, ...], ...]
     prompt_lengths: tuple[int, ...]
     tokens: int
     sha256: str
+    features: Callable[[int], tuple[str, str, torch.Tensor] | None] | None = field(default=None, compare=False,
+                                                                                   repr=False)
 
     @classmethod
-    def from_sequences(cls, sequences: Sequence[Sequence[int]], prompt_lengths: Sequence[int] | None = None
-                       ) -> "Corpus":
+    def from_sequences(cls, sequences: Sequence[Sequence[int]], prompt_lengths: Sequence[int] | None = None,
+                       features: Callable[[int], tuple[str, str, torch.Tensor] | None] | None = None) -> "Corpus":
         """A corpus of ``sequences`` (prompt lengths default to 0: every token is a
-        training target); size and hash computed.
+        training target); size and hash computed; ``features`` as the attribute.
 
         Raises:
             ValueError: no sequences, a sequence shorter than 2 tokens, mismatched
@@ -117,7 +127,7 @@ class Corpus:
         digest = hashlib.sha256()
         for s, n in zip(seqs, lens):
             digest.update(torch.tensor([len(s), n, *s], dtype=torch.int64).numpy().tobytes())
-        return cls(seqs, lens, sum(len(s) for s in seqs), digest.hexdigest())
+        return cls(seqs, lens, sum(len(s) for s in seqs), digest.hexdigest(), features)
 
     def __len__(self) -> int:
         return len(self.sequences)
@@ -264,7 +274,10 @@ def build_corpus(target: LoadedModel, *, prompts: int = 256, max_new_tokens: int
         extra_prompts: more prompts, as text.
         chat: wrap prompts in the target's chat template (as decoding does).
         store: a ``.jsonl`` file keeping finished continuations (a rerun with the same
-            arguments resumes from it); None keeps nothing.
+            arguments resumes from it); None keeps nothing. The features of each
+            continuation go to the directory beside it (``<store>.features``), one
+            float16 file per sequence, written before the continuation is recorded;
+            without a store they stay in memory.
         batch_size: continuations decoded together (1: one by one, as
             :func:`~specviz.decode.engine.plain_generate` decodes them).
         progress: show a progress bar on stderr.
@@ -302,6 +315,7 @@ def build_corpus(target: LoadedModel, *, prompts: int = 256, max_new_tokens: int
                          f"{max_new_tokens} new tokens; lower max_prompt_chars or max_new_tokens")
     units = [(i, ids, t) for i, ids in enumerate(fits) for t in temps]
     keys = [hashlib.sha256(repr((ids, t, seed + i, max_new_tokens)).encode()).hexdigest()[:24] for i, ids, t in units]
+    kept = _FeatureFiles(None if store is None else Path(str(store) + ".features"))
     with tqdm(total=len(units), desc=f"continuations by {target.name}", unit="seq", file=sys.stderr,
               disable=not progress, mininterval=1.0) as bar:
         bar.update(sum(key in results for key in keys))
@@ -311,13 +325,55 @@ def build_corpus(target: LoadedModel, *, prompts: int = 256, max_new_tokens: int
                 chunk = todo[start:start + batch_size]
                 outs = plain_generate_batch(target, [units[u][1] for u in chunk], max_new_tokens=max_new_tokens,
                                             batch_size=len(chunk), chat=chat, config=SamplingConfig(temperature=temp),
-                                            seed=[seed + units[u][0] for u in chunk])
-                for u, out in zip(chunk, outs):
+                                            seed=[seed + units[u][0] for u in chunk], features=True)
+                for u, (out, feats) in zip(chunk, outs):
+                    kept.put(keys[u], target, feats)  # before the unit: a recorded unit has its features
                     results.add(keys[u], {"output_ids": list(out.output_ids)})
                 bar.update(len(chunk))
     sequences = [list(units[u][1]) + list(results.rows_of(key)[0]["output_ids"]) for u, key in enumerate(keys)]
     lengths = [len(units[u][1]) for u in range(len(units))]
-    return Corpus.from_sequences(sequences, lengths)
+    return Corpus.from_sequences(sequences, lengths, features=kept.lookup(keys, [len(s) for s in sequences]))
+
+
+class _FeatureFiles:
+    """The features :func:`build_corpus` keeps per continuation: a file ``<key>.pt`` in
+    ``directory`` (float16 where finite, else float32), or a dict in memory without one."""
+
+    def __init__(self, directory: Path | None) -> None:
+        self.directory = directory
+        self.memory: dict[str, tuple[str, str, torch.Tensor]] = {}
+
+    def put(self, key: str, target: LoadedModel, feats: torch.Tensor) -> None:
+        half = feats.to(torch.float16)
+        entry = (target.name, target.weight_mode, half if bool(torch.isfinite(half).all()) else feats)
+        if self.directory is None:
+            self.memory[key] = entry
+            return
+        import io
+
+        from specviz.study.store import atomic_write_bytes
+        buf = io.BytesIO()
+        torch.save({"target": entry[0], "weight_mode": entry[1], "features": entry[2]}, buf)
+        atomic_write_bytes(self.directory / f"{key}.pt", buf.getvalue())
+
+    def get(self, key: str, length: int) -> tuple[str, str, torch.Tensor] | None:
+        """The kept features of ``key`` if they cover ``length`` positions, else None
+        (never kept, or an unreadable file)."""
+        if self.directory is None:
+            found = self.memory.get(key)
+        else:
+            path = self.directory / f"{key}.pt"
+            if not path.exists():
+                return None
+            try:
+                saved = torch.load(path, map_location="cpu", weights_only=True)
+                found = (str(saved["target"]), str(saved["weight_mode"]), saved["features"])
+            except Exception:  # a damaged file: the sequence's features are computed again
+                return None
+        return found if found is not None and found[2].dim() == 2 and found[2].shape[0] == length else None
+
+    def lookup(self, keys: Sequence[str], lengths: Sequence[int]) -> Callable[[int], tuple[str, str, torch.Tensor] | None]:
+        return lambda i: self.get(keys[i], lengths[i])
 
 
 # ---------------------------------------------------------------------------------------------------

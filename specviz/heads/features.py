@@ -20,7 +20,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -87,7 +87,8 @@ def _shard_path(directory: Path, index: int) -> Path:
 
 
 def extract_features(target: LoadedModel, sequences: Sequence[Sequence[int]], directory: str | os.PathLike, *,
-                     sha256: str, shard_size: int = 64, dtype: str = "float16", progress: bool = True) -> Path:
+                     sha256: str, shard_size: int = 64, dtype: str = "float16", progress: bool = True,
+                     kept: Callable[[int], tuple[str, str, torch.Tensor] | None] | None = None) -> Path:
     """Compute :func:`target_features` of every sequence into ``directory``, shard by shard.
 
     Each shard (``shard_size`` sequences) is one file written atomically when it is
@@ -103,6 +104,11 @@ def extract_features(target: LoadedModel, sequences: Sequence[Sequence[int]], di
         shard_size: sequences per shard.
         dtype: storage dtype, a key of :data:`FEATURE_DTYPES`.
         progress: show a progress bar on stderr.
+        kept: features already computed (:attr:`specviz.heads.Corpus.features`, kept
+            while the target decoded the sequences): ``kept(i)`` is ``(target name,
+            weight mode, (T, H) tensor)`` or None. They are used where they come from
+            ``target`` in its weight mode and cover the sequence; every other sequence
+            gets its teacher-forced forward.
 
     Returns:
         ``directory``.
@@ -127,12 +133,23 @@ def extract_features(target: LoadedModel, sequences: Sequence[Sequence[int]], di
     todo = [s for s in range(n_shards) if not _shard_path(out, s).exists()]
     total = sum(len(sequences[i]) for s in todo for i in range(s * shard_size, min((s + 1) * shard_size,
                                                                                      len(sequences))))
+    width = int(target.model.config.hidden_size)
+
+    def reuse(i: int) -> torch.Tensor | None:
+        found = kept(i) if kept is not None else None
+        if found is None or found[:2] != (target.name, target.weight_mode):
+            return None
+        feats = found[2]
+        return feats.float() if tuple(feats.shape) == (len(sequences[i]), width) else None
+
     with tqdm(total=total, desc=f"features of {target.name}", unit="tok", file=sys.stderr, disable=not progress,
               mininterval=1.0) as bar:
         for s in todo:
             rows = []
             for i in range(s * shard_size, min((s + 1) * shard_size, len(sequences))):
-                feats = target_features(target, list(sequences[i]))  # (T, H)
+                feats = reuse(i)
+                if feats is None:
+                    feats = target_features(target, list(sequences[i]))  # (T, H)
                 stored = feats.to(FEATURE_DTYPES[dtype])
                 rows.append(stored if bool(torch.isfinite(stored).all()) else feats)
                 bar.update(len(sequences[i]))

@@ -182,7 +182,7 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
                                  "cost_sizes": [1, 2, 4, 8, 16, 32, 64], "cost_repeats": 3, "lab_trials": 10000}),
         NotebookRun(_HEADS, {"prompt_limit": 0, "max_new_tokens": 128, "train_prompts": 64, "train_tasks": 256,
                              "train_tokens": 256, "train_steps": 0, "train_minutes": 30.0, "vocab": 16384, "train_batch": 8,
-                             "train_window": 128, "budgets": [4, 8, 16, 32, 64],
+                             "train_window": 128, "train_precision": "auto", "budgets": [4, 8, 16, 32, 64],
                              "others": ["chain-k4", "ngram", "ngram-trie"]}),
     ), report="08_report"),
 )})
