@@ -501,7 +501,8 @@ def test_cache_keys(corpus):
               heads_dir("tiny-qwen2-seed0", "medusa", HeadConfig(precision="bf16"), corpus.sha256)]
     assert len({base, *others}) == 8
     # the float32 default hashes as before the setting existed (results trained then keep their key)
-    assert "precision" not in cfg.key_fields("medusa") and "precision" in HeadConfig(precision="bf16").key_fields("eagle")
+    assert "precision" not in cfg.key_fields("medusa")
+    assert "precision" in HeadConfig(precision="bf16").key_fields("eagle")
     assert config_hash("eagle", HeadConfig(n_heads=2)) == config_hash("eagle", HeadConfig(n_heads=5))
     assert config_hash("medusa", HeadConfig(n_heads=2)) != config_hash("medusa", HeadConfig(n_heads=5))
 

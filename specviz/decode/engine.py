@@ -490,7 +490,8 @@ def _next_token(logits: torch.Tensor, config: SamplingConfig, generator: torch.G
 def plain_generate_batch(target: LoadedModel, prompts: Sequence[str | Sequence[int]], *, max_new_tokens: int = 64,
                          batch_size: int = 16, chat: bool = True, stop_at_eos: bool = True,
                          config: SamplingConfig = GREEDY, seed: int | Sequence[int] = 0,
-                         features: bool = False) -> list[GenerationResult] | list[tuple[GenerationResult, torch.Tensor]]:
+                         features: bool = False
+                         ) -> list[GenerationResult] | list[tuple[GenerationResult, torch.Tensor]]:
     """Target-only decoding of many prompts, ``batch_size`` rows per forward.
 
     Each prompt is prefilled alone (the forward :func:`plain_generate` runs, so the first

@@ -372,7 +372,9 @@ class _FeatureFiles:
                 return None
         return found if found is not None and found[2].dim() == 2 and found[2].shape[0] == length else None
 
-    def lookup(self, keys: Sequence[str], lengths: Sequence[int]) -> Callable[[int], tuple[str, str, torch.Tensor] | None]:
+    def lookup(self, keys: Sequence[str], lengths: Sequence[int]
+               ) -> Callable[[int], tuple[str, str, torch.Tensor] | None]:
+        """``features(i)`` of :class:`Corpus` for sequences ``keys`` of ``lengths`` tokens."""
         return lambda i: self.get(keys[i], lengths[i])
 
 
