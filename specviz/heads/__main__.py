@@ -7,8 +7,9 @@
     python -m specviz.heads info ~/.cache/specviz/heads/<target>/<kind>-c...-d...
 
 ``train`` builds the self-distilled corpus (cached, resumable; the target's features are
-kept as it decodes), gathers the features into the training cache, trains, and prints the result directory, which the
-``medusa`` / ``eagle`` strategies of :mod:`specviz.draft.registry` then find. Running the
+kept as it decodes), gathers the features into the training cache, trains, and prints the
+result directory, which the ``medusa`` / ``eagle`` strategies of :mod:`specviz.draft.registry`
+then find. Running the
 same command again resumes an interrupted run. Bad arguments exit with status 2 and a
 one-line error.
 """

@@ -332,7 +332,7 @@ def build_corpus(target: LoadedModel, *, prompts: int = 256, max_new_tokens: int
                 bar.update(len(chunk))
     sequences = [list(units[u][1]) + list(results.rows_of(key)[0]["output_ids"]) for u, key in enumerate(keys)]
     lengths = [len(units[u][1]) for u in range(len(units))]
-    return Corpus.from_sequences(sequences, lengths, features=kept.lookup(keys, [len(s) for s in sequences]))
+    return Corpus.from_sequences(sequences, lengths, features=kept.lookup(keys))
 
 
 class _FeatureFiles:
@@ -356,26 +356,23 @@ class _FeatureFiles:
         torch.save({"target": entry[0], "weight_mode": entry[1], "features": entry[2]}, buf)
         atomic_write_bytes(self.directory / f"{key}.pt", buf.getvalue())
 
-    def get(self, key: str, length: int) -> tuple[str, str, torch.Tensor] | None:
-        """The kept features of ``key`` if they cover ``length`` positions, else None
-        (never kept, or an unreadable file)."""
+    def get(self, key: str) -> tuple[str, str, torch.Tensor] | None:
+        """The kept features of ``key``, or None (never kept, or an unreadable file);
+        whether they fit a sequence is :func:`~specviz.heads.extract_features`' check."""
         if self.directory is None:
-            found = self.memory.get(key)
-        else:
-            path = self.directory / f"{key}.pt"
-            if not path.exists():
-                return None
-            try:
-                saved = torch.load(path, map_location="cpu", weights_only=True)
-                found = (str(saved["target"]), str(saved["weight_mode"]), saved["features"])
-            except Exception:  # a damaged file: the sequence's features are computed again
-                return None
-        return found if found is not None and found[2].dim() == 2 and found[2].shape[0] == length else None
+            return self.memory.get(key)
+        path = self.directory / f"{key}.pt"
+        if not path.exists():
+            return None
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+            return str(saved["target"]), str(saved["weight_mode"]), saved["features"]
+        except Exception:  # a damaged file: the sequence's features are computed again
+            return None
 
-    def lookup(self, keys: Sequence[str], lengths: Sequence[int]
-               ) -> Callable[[int], tuple[str, str, torch.Tensor] | None]:
-        """``features(i)`` of :class:`Corpus` for sequences ``keys`` of ``lengths`` tokens."""
-        return lambda i: self.get(keys[i], lengths[i])
+    def lookup(self, keys: Sequence[str]) -> Callable[[int], tuple[str, str, torch.Tensor] | None]:
+        """``features(i)`` of :class:`Corpus` for the sequences of ``keys``."""
+        return lambda i: self.get(keys[i])
 
 
 # ---------------------------------------------------------------------------------------------------
