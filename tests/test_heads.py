@@ -47,6 +47,7 @@ from specviz.heads import (
     features_dir,
     find_heads,
     head_accuracy,
+    head_calibration,
     heads_dir,
     heads_validation,
     load_features,
@@ -66,7 +67,8 @@ from specviz.heads.__main__ import main
 from specviz.models.kvcache import forward_tokens, new_cache
 from specviz.models.loading import tiny_model
 from specviz.models.loading import tiny_pair as make_tiny_pair
-from specviz.models.weights import Int4Linear, Int8Linear
+from specviz.models.w4a8 import W4A8TokenLinear
+from specviz.models.weights import Int4Linear, Int8Linear, SharedInputSlice, W8A8TokenLinear, parse_weight_mode
 from specviz.sampling import GREEDY, SamplingConfig
 from specviz.study.prompts import DEFAULT_PROMPTS_PATH, load_prompts
 from specviz.study.store import ResultStore
@@ -822,19 +824,23 @@ def test_eagle_head_cast_shares_the_target_tensors(tiny_pair, trained):
         EagleDrafter(tiny_pair.target, head, dtype="int7")
     with pytest.raises(ValueError, match="floating-point dtype or a weight mode"):
         head.cast(torch.int8)
-    with pytest.raises(ValueError, match="calibration run"):
+    with pytest.raises(ValueError, match="w8a8 needs the input ranges of the eagle heads' layers"):
         head.cast("w8a8")
     with pytest.raises(ValueError, match="cast the float32 head"):
         half.cast("int8")
 
 
-@pytest.mark.parametrize("mode, layer", [("int8", Int8Linear), ("int4", Int4Linear)])
+@pytest.mark.parametrize("mode, layer", [("int8", Int8Linear), ("int4", Int4Linear), ("w8a8-token", W8A8TokenLinear),
+                                         ("w4a8-token", W4A8TokenLinear)])
 def test_eagle_head_in_integer_weight_modes(tiny_pair, trained, mode, layer):
     head = trained["eagle"].heads
-    packed = head.cast(mode)
+    calibrated = parse_weight_mode(mode).calibrated  # smoothed by ranges measured on the target's features
+    packed = head.cast(mode, head_calibration(tiny_pair.target) if calibrated else None)
     assert packed.cast(mode) is packed and head.fc.weight.dtype == torch.float32
     assert isinstance(packed.fc, layer) and isinstance(packed.layer.mlp.down_proj, layer)
-    assert isinstance(packed.layer.self_attn.q_proj, layer)
+    # the calibrated modes quantize q/k/v's shared input once (SharedInputSlice of one group)
+    assert isinstance(packed.layer.self_attn.q_proj, SharedInputSlice if calibrated else layer)
+    assert isinstance(packed.scorer, layer)
     assert packed.embed_weight is head.embed_weight and packed.out_weight is head.out_weight
     # the same predicted features as the float32 head, to the kernels' rounding
     feats = torch.randn(1, 6, head.hidden_size)
@@ -842,7 +848,7 @@ def test_eagle_head_in_integer_weight_modes(tiny_pair, trained, mode, layer):
     pos = torch.arange(6)[None]
     with torch.no_grad():
         ref, got = head(feats, tokens, pos), packed(feats, tokens, pos)
-    assert got.dtype == torch.bfloat16
+    assert got.dtype == parse_weight_mode(mode).activation_dtype
     cos = torch.nn.functional.cosine_similarity(got.float(), ref, dim=-1)
     assert float(cos.min()) > 0.95, cos
     # drafting in the mode stays lossless: greedy output equals plain decoding
@@ -852,6 +858,46 @@ def test_eagle_head_in_integer_weight_modes(tiny_pair, trained, mode, layer):
     spec = speculative_generate(tiny_pair.target, drafter, "hello world", max_new_tokens=24, stop_at_eos=False)
     assert spec.output_ids == plain.output_ids
     assert sum(len(s.acceptance.accepted_nodes) for s in spec.steps) > 0
+
+
+@pytest.mark.parametrize("mode, layer", [("int8", Int8Linear), ("int4", Int4Linear), (torch.bfloat16, None),
+                                         ("w8a8-token", W8A8TokenLinear), ("w4a8-token", W4A8TokenLinear)])
+def test_medusa_heads_in_other_weight_modes(tiny_pair, trained, mode, layer):
+    heads = trained["medusa"].heads
+    calibrated = parse_weight_mode(mode).calibrated
+    if calibrated:
+        with pytest.raises(ValueError, match="needs the input ranges"):
+            heads.cast(mode)
+        with pytest.raises(ValueError, match="calibration must be"):
+            heads.cast(mode, (torch.zeros(3, heads.hidden_size), torch.zeros(2, dtype=torch.long)))
+    packed = heads.cast(mode, head_calibration(tiny_pair.target) if calibrated else None)
+    assert packed is not heads and packed.cast(mode) is packed and heads.cast(torch.float32) is heads
+    assert heads.blocks[0].weight.dtype == torch.float32  # the trained heads are left as they are
+    assert packed.out_weight is heads.out_weight  # the target's LM head rows stay shared
+    if layer is None:
+        assert packed.blocks[0].weight.dtype == mode and getattr(packed, "scorer", None) is None
+    else:
+        assert all(isinstance(b, layer) for b in packed.blocks) and isinstance(packed.scorer, layer)
+    hidden = torch.randn(5, heads.hidden_size)
+    with torch.no_grad():
+        ref, got = heads.states(hidden), packed.states(hidden)
+        assert got.shape == ref.shape == (5, heads.n_heads, heads.hidden_size)
+        assert float(torch.nn.functional.cosine_similarity(got.float(), ref, dim=-1).min()) > 0.95
+        torch.testing.assert_close(packed.states(hidden, 2), got[:, :2])  # the first heads alone
+        scores = packed.scores(got)
+    assert scores.dtype == torch.float32 and scores.shape == (5, heads.n_heads, heads.scored_vocab)
+    with pytest.raises(ValueError, match="cast the float32 heads"):
+        packed.cast("int8" if mode != "int8" else "int4")
+    # drafting in the mode stays lossless: greedy output equals plain decoding
+    drafter = MedusaDrafter(tiny_pair.target, heads, dtype=mode)
+    assert drafter.name.endswith(f",{parse_weight_mode(mode).name})")
+    accepted = 0
+    for prompt in PROMPTS:
+        plain = plain_generate(tiny_pair.target, prompt, max_new_tokens=24, chat=False)
+        spec = speculative_generate(tiny_pair.target, drafter, prompt, max_new_tokens=24, chat=False)
+        assert spec.output_ids == plain.output_ids, prompt
+        accepted += sum(s.acceptance.n_accepted for s in spec.steps)
+    assert accepted > 0  # the drafts are sometimes right, so accepted paths are exercised
 
 
 def test_registry_builds_head_drafters(tiny_pair, trained):
@@ -866,24 +912,36 @@ def test_registry_builds_head_drafters(tiny_pair, trained):
     assert chain3.name == "eagle-chain(k=3)" and chain3.topk == 1
     # the EAGLE head drafts as trained (fp32) for an fp32 target, in int4 for another mode on a CPU
     assert chain3.heads.fc.weight.dtype == torch.float32
+    # (w4a8-token where the compiled operator runs its VNNI kernel, else int4; Medusa's: else int8)
     half = make_tiny_pair(dtype="bf16")
+    from specviz.draft.registry import eagle_head_mode, medusa_head_mode
+
+    e_mode, m_mode = eagle_head_mode(half.target), medusa_head_mode(half.target)
+    assert (e_mode, m_mode) in (("w4a8-token", "w4a8-token"), ("int4", "int8"))
+    layer = {"int4": Int4Linear, "int8": Int8Linear, "w4a8-token": (W4A8TokenLinear, SharedInputSlice)}
     packed = build_drafter("eagle-k2-d2-n4", half)
-    assert isinstance(packed.heads.fc, Int4Linear) and packed.name == "eagle(k=2,d=2,n=4,int4)"
-    assert build_drafter("eagle-chain-k2", half).name == "eagle-chain(k=2,int4)"
+    assert isinstance(packed.heads.fc, layer[e_mode]) and packed.name == f"eagle(k=2,d=2,n=4,{e_mode})"
+    assert build_drafter("eagle-chain-k2", half).name == f"eagle-chain(k=2,{e_mode})"
+    medusa = build_drafter("medusa-2x1", half)
+    assert medusa.name == f"medusa(n=4,d=2,{m_mode})" and isinstance(medusa.heads.blocks[0], layer[m_mode])
+    assert build_drafter("medusa-2x1", tiny_pair).name == "medusa(n=4,d=2)"
     # and in the target's dtype on an accelerator (bf16 for an fp32 one there)
     from types import SimpleNamespace
-
-    from specviz.draft.registry import eagle_head_mode
 
     def fake(dtype, device, mode):
         return SimpleNamespace(model=SimpleNamespace(dtype=dtype), device=torch.device(device), weight_mode=mode)
 
     assert eagle_head_mode(fake(torch.float32, "cpu", "fp32")) is None
-    assert eagle_head_mode(fake(torch.float32, "cpu", "w8a8")) == "int4"
-    assert eagle_head_mode(fake(torch.bfloat16, "cpu", "int8")) == "int4"
+    assert eagle_head_mode(fake(torch.float32, "cpu", "w8a8")) == e_mode
+    assert eagle_head_mode(fake(torch.bfloat16, "cpu", "int8")) == e_mode
     assert eagle_head_mode(fake(torch.float16, "cuda", "fp16")) == "float16"
     assert eagle_head_mode(fake(torch.float32, "cuda", "fp32")) is None
     assert eagle_head_mode(fake(torch.bfloat16, "mps", "bf16")) == "bfloat16"
+    assert medusa_head_mode(fake(torch.float32, "cpu", "fp32")) is None
+    assert medusa_head_mode(fake(torch.float32, "cpu", "w8a8-token")) == m_mode
+    assert medusa_head_mode(fake(torch.bfloat16, "cpu", "bf16")) == m_mode
+    assert medusa_head_mode(fake(torch.float16, "cuda", "fp16")) == "float16"
+    assert medusa_head_mode(fake(torch.float32, "cuda", "fp32")) is None
     # head_drafter, which the registry builds with, names the result directory however the heads are given
     from specviz.heads import head_drafter
 

@@ -502,3 +502,24 @@ def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path):
     os.utime(lock, (old, old))
     _remove_stale_lock(tmp_path)
     assert not lock.exists()
+
+
+def test_quantize_model_takes_input_ranges_measured_on_any_run():
+    # a module that reads no token ids (e.g. a draft head) is calibrated by running it on its own inputs
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(128, 256), nn.SiLU(), nn.Linear(256, 128))
+    x = torch.randn(9, 128) * torch.linspace(0.1, 8.0, 128)  # uneven channels, as smoothing expects
+    ranges = input_absmax(model, run=lambda: model(x))
+    assert set(ranges) == {"0", "2"}
+    torch.testing.assert_close(ranges["0"], x.abs().amax(0))
+    with pytest.raises(ValueError, match="either token_ids or run"):
+        input_absmax(model)
+    with pytest.raises(ValueError, match=r"no range for layer\(s\) \['2'\]"):
+        quantize_model(copy.deepcopy(model), "w8a8-token", input_ranges={"0": ranges["0"]})
+    packed = quantize_model(copy.deepcopy(model), "w8a8-token", input_ranges=ranges)
+    assert isinstance(packed[0], W8A8TokenLinear) and isinstance(packed[2], W8A8TokenLinear)
+    smooth = packed[0].inv_smooth
+    assert float(smooth.max() / smooth.min()) > 2  # the measured ranges smoothed the first layer's input
+    with torch.no_grad():
+        ref, got = model(x), packed(x)
+    assert float((got - ref).norm() / ref.norm()) < 0.02

@@ -50,7 +50,7 @@ from specviz.tree.core import DraftTree
 from specviz.tree.shapes import TreeShape, expansion, from_paths
 from specviz.validate import check_int
 
-__all__ = ["MedusaDrafter", "EagleDrafter", "MEDUSA_BRANCHING", "medusa_tree", "head_drafter"]
+__all__ = ["MedusaDrafter", "EagleDrafter", "MEDUSA_BRANCHING", "medusa_tree", "head_drafter", "head_calibration"]
 
 #: the default Medusa tree: 3 candidates of head 1, 2 of head 2 under each, then 1 and 1
 MEDUSA_BRANCHING: tuple[int, ...] = (3, 2, 1, 1)
@@ -107,6 +107,32 @@ def medusa_tree(rank_accuracy, budget: int) -> TreeShape:
                     heapq.heappush(frontier, (neg * v, order, path + (r,)))
                     order += 1
     return from_paths(paths) if paths else TreeShape((-1,), (0,))
+
+
+def head_calibration(target: LoadedModel, max_tokens: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the calibrated weight modes of draft heads (``w8a8-token``, ``w4a8-token``)
+    measure their layers' input ranges on: ``target``'s ``(T, H)`` features of the
+    calibration text of its own weight modes (:func:`~specviz.models.loading.calibration_ids`,
+    at most ``max_tokens + 1`` tokens) and the ``(T,)`` tokens after them. Computed once
+    per loaded target (one forward over the text) and kept on it."""
+    from specviz.models.loading import calibration_ids
+
+    held = target.__dict__.get("_specviz_head_calibration")
+    if held is None or held[0] != max_tokens:
+        ids = calibration_ids(target.tokenizer, max_tokens + 1)[0].clamp(max=target.vocab_size - 1)  # (T + 1,)
+        features = target_features(target, ids)  # (T + 1, H)
+        held = (max_tokens, features[:-1], ids[1:])
+        target.__dict__["_specviz_head_calibration"] = held
+    return held[1], held[2]
+
+
+def _cast_heads(target: LoadedModel, heads, dtype):
+    """``heads`` in weight mode ``dtype`` (calibrated on :func:`head_calibration` where the
+    mode needs it)."""
+    from specviz.models.weights import parse_weight_mode
+
+    calibration = head_calibration(target) if parse_weight_mode(dtype).calibrated else None
+    return heads.cast(dtype, calibration)
 
 
 class _TargetFeatures:
@@ -236,6 +262,10 @@ class MedusaDrafter(_HeadDrafter):
         shape: a :class:`~specviz.tree.shapes.TreeShape`, or Medusa "choices" (one rank
             path per node, :func:`~specviz.tree.shapes.from_paths`); default: the
             expansion :data:`MEDUSA_BRANCHING` cut to the number of heads.
+        dtype: the weight mode the heads' blocks (and, for the integer modes, their scored
+            LM-head rows) draft in: None keeps the trained float32 heads; ``"int8"`` reads a
+            quarter of float32's bytes (:meth:`MedusaHeads.cast`). Verification is the
+            target's either way, so decoding stays lossless.
 
     Raises:
         ValueError: a shape deeper than the number of heads, or heads that do not fit
@@ -243,7 +273,8 @@ class MedusaDrafter(_HeadDrafter):
     """
 
     def __init__(self, target: LoadedModel, heads: MedusaHeads,
-                 shape: TreeShape | Sequence[Sequence[int]] | None = None) -> None:
+                 shape: TreeShape | Sequence[Sequence[int]] | None = None,
+                 dtype: torch.dtype | str | None = None) -> None:
         if shape is None:
             shape = expansion(list(MEDUSA_BRANCHING[:heads.n_heads]) if isinstance(heads, MedusaHeads) else [1])
         elif not isinstance(shape, TreeShape):
@@ -252,7 +283,11 @@ class MedusaDrafter(_HeadDrafter):
             raise ValueError(f"the shape has depth {shape.depth} but the heads draft only {heads.n_heads} tokens "
                              "ahead; use a shallower shape or heads trained with more of them")
         self.shape = shape
-        self.name = f"medusa(n={shape.budget},d={shape.depth})"
+        if dtype is not None and isinstance(heads, MedusaHeads):
+            heads = _cast_heads(target, heads, dtype)
+        mode = weight_mode_of(heads.blocks) if isinstance(heads, MedusaHeads) else "fp32"
+        suffix = "" if mode == "fp32" else f",{mode}"  # the heads' weight mode, when not as trained
+        self.name = f"medusa(n={shape.budget},d={shape.depth}{suffix})"
         super().__init__(target, heads, MedusaHeads)
 
     @torch.no_grad()
@@ -262,8 +297,9 @@ class MedusaDrafter(_HeadDrafter):
         if len(ctx) < 2 or shape.budget == 0:  # no verified position yet: no proposal
             return DraftTree.from_lists([ctx[-1]], [-1])
         hidden = self.features.covering(self.target, ctx)[-1]  # (H,)
-        logits = self.heads.full_logits(self.heads.states(hidden.to(self.heads.blocks[0].weight.device)))
-        logits = logits[:shape.depth].cpu()  # (D, V)
+        # the heads the shape reaches alone (a shallow tree leaves the deeper heads idle)
+        logits = self.heads.full_logits(self.heads.states(hidden.to(self.heads.out_weight.device), shape.depth))
+        logits = logits.cpu()  # (D, V)
         dist = draft_distribution(logits, config)  # (D, V)
         top = torch.topk(logits, min(max(shape.ranks) + 1, logits.shape[-1]), dim=-1).indices  # (D, R)
         depth = shape.depths()
@@ -369,7 +405,7 @@ class EagleDrafter(_HeadDrafter):
             check_int(name, value)
         self.topk, self.depth, self.budget = topk, depth, budget
         if dtype is not None and isinstance(head, EagleHead):
-            head = head.cast(dtype)
+            head = _cast_heads(target, head, dtype)
         mode = weight_mode_of(head.layer) if isinstance(head, EagleHead) else "fp32"
         suffix = "" if mode == "fp32" else f",{mode}"  # the head's weight mode, when not as trained
         self.name = f"eagle-chain(k={depth}{suffix})" if topk == 1 and budget >= depth else \
@@ -412,8 +448,8 @@ def head_drafter(pair, path, *, shape: TreeShape | Sequence[Sequence[int]] | Non
                  ) -> MedusaDrafter | EagleDrafter:
     """The drafter of the trained heads at ``path`` for ``pair``'s target: a
     :class:`MedusaDrafter` with ``shape`` for Medusa heads, an :class:`EagleDrafter`
-    with ``topk``, ``depth``, ``budget`` and ``dtype`` for an EAGLE head (``topk=1``: a
-    chain).
+    with ``topk``, ``depth`` and ``budget`` for an EAGLE head (``topk=1``: a chain);
+    either drafts in weight mode ``dtype`` (None: as trained, float32).
 
     A module-level factory, so that ``functools.partial(head_drafter, path=...)`` can
     travel to a study worker and build the drafter next to the loaded models (the
@@ -428,7 +464,7 @@ def head_drafter(pair, path, *, shape: TreeShape | Sequence[Sequence[int]] | Non
 
     heads = load_heads(path, pair.target)
     if isinstance(heads, MedusaHeads):
-        drafter = MedusaDrafter(pair.target, heads, shape)
+        drafter = MedusaDrafter(pair.target, heads, shape, dtype=dtype)
     else:
         drafter = EagleDrafter(pair.target, heads, topk=topk, depth=depth, budget=budget, dtype=dtype)
     found = _resolve(path)

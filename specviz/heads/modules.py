@@ -94,6 +94,56 @@ class _ScoredVocab(nn.Module):
             self.register_buffer("out_bias", None if bias is None else bias[ids.to(bias.device)].clone(),
                                  persistent=False)
 
+    def _cast(self, mode: torch.dtype | str, names: tuple[str, ...],
+              calibration: tuple[torch.Tensor, torch.Tensor] | None) -> "_ScoredVocab":
+        """A copy of this module with its trained submodules ``names`` in weight mode
+        ``mode`` (see :meth:`EagleHead.cast`); ``self`` when they already are in it."""
+        from specviz.models.weights import input_absmax, parse_weight_mode, quantize_model, weight_mode_of
+
+        if isinstance(mode, torch.dtype) and not mode.is_floating_point:
+            raise ValueError(f"the {self.kind} heads draft in a floating-point dtype or a weight mode, got {mode!r}")
+        wm = parse_weight_mode(mode)
+        trained = nn.ModuleDict({name: getattr(self, name) for name in names})
+        if weight_mode_of(trained) == wm.name:
+            return self
+        if weight_mode_of(trained) != "fp32":  # converted layers cannot be converted again
+            raise ValueError(f"these {self.kind} heads' layers are in {weight_mode_of(trained)}; cast the float32 "
+                             "heads instead")
+        ranges = None
+        if wm.calibrated:  # SmoothQuant's input ranges, from the heads over the target's features of a text
+            if calibration is None:
+                raise ValueError(f"{wm.name} needs the input ranges of the {self.kind} heads' layers: pass "
+                                 "calibration=(features, tokens), the target's features of a text and its next "
+                                 "tokens (the drafters do)")
+            features, tokens = calibration
+            if features.dim() != 2 or features.shape[-1] != self.hidden_size or tokens.shape != features.shape[:1]:
+                raise ValueError(f"calibration must be (T, {self.hidden_size}) features and (T,) tokens, got "
+                                 f"{tuple(features.shape)} and {tuple(tokens.shape)}")
+            scored_inputs = []
+            with torch.no_grad():
+                ranges = input_absmax(trained, run=lambda: scored_inputs.append(self._calibrate(features, tokens)))
+            ranges = {name: r.cpu() for name, r in ranges.items()}
+            ranges["out"] = scored_inputs[0].reshape(-1, self.hidden_size).abs().amax(0).float().cpu()  # (H,)
+        shared = {id(t): t for t in (getattr(self, "embed_weight", None), self.out_weight, self.out_bias,
+                                     self.vocab_map) if t is not None}
+        clone = copy.deepcopy(self, memo=dict(shared))  # the target's tensors are not copied
+        layers = nn.ModuleDict({name: getattr(clone, name) for name in names})
+        if wm.convert is None:
+            layers.to(wm.activation_dtype)
+        else:
+            quantize_model(layers, wm, input_ranges=ranges)
+        for name in names:
+            setattr(clone, name, layers[name])
+        if wm.convert is not None:  # the output rows too: at a reduced vocabulary they cost about what the layers do
+            out = nn.Linear(self.hidden_size, self.scored_vocab, bias=self.out_bias is not None)
+            out.weight.data = self.out_weight.detach().float()
+            if self.out_bias is not None:
+                out.bias.data = self.out_bias.detach().float()
+            clone.scorer = quantize_model(nn.ModuleDict({"out": out}), wm,
+                                          input_ranges=None if ranges is None else {"out": ranges["out"]})["out"]
+            clone.scorer_dtype = wm.activation_dtype
+        return clone
+
     @property
     def scored_vocab(self) -> int:
         """How many tokens the head scores (W)."""
@@ -169,10 +219,29 @@ class MedusaHeads(_ScoredVocab):
         """Heads for ``target`` (see the class)."""
         return cls(target, n_heads, vocab_map)
 
-    def states(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``(..., K, H)`` each head's state for ``(..., H)`` last hidden states."""
-        h = hidden.to(self.blocks[0].weight.dtype)
-        return torch.stack([h + F.silu(block(h)) for block in self.blocks], dim=-2)  # (..., K, H)
+    def states(self, hidden: torch.Tensor, n: int | None = None) -> torch.Tensor:
+        """``(..., K, H)`` each head's state for ``(..., H)`` last hidden states (``(..., n, H)``:
+        the first ``n`` heads only)."""
+        block = self.blocks[0]  # a packed block (cast) takes the activations of its mode, kept as scorer_dtype
+        h = hidden.to(block.weight.dtype if isinstance(block, nn.Linear) else self.scorer_dtype)
+        blocks = self.blocks if n is None else self.blocks[:n]
+        return torch.stack([h + F.silu(block(h)) for block in blocks], dim=-2)  # (..., K, H)
+
+    def cast(self, mode: torch.dtype | str,
+             calibration: tuple[torch.Tensor, torch.Tensor] | None = None) -> "MedusaHeads":
+        """These heads with their residual blocks in weight mode ``mode`` (a float dtype or
+        a weight-mode name; the integer modes also pack the scored LM-head rows, and the
+        calibrated ones need ``calibration``, as :meth:`EagleHead.cast` does). The target's
+        LM head stays shared; ``self`` is left as it is.
+
+        Raises:
+            ValueError: as :meth:`EagleHead.cast`.
+        """
+        return self._cast(mode, ("blocks",), calibration)
+
+    def _calibrate(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """The scored states of a calibration pass over ``(T, H)`` features."""
+        return self.states(features.to(self.out_weight.device))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """``(..., K, W)`` float32 logits of every head over the scored vocabulary."""
@@ -225,50 +294,33 @@ class EagleHead(_ScoredVocab):
         """A head for ``target`` (see the class)."""
         return cls(target, vocab_map)
 
-    def cast(self, mode: torch.dtype | str) -> "EagleHead":
+    def cast(self, mode: torch.dtype | str,
+             calibration: tuple[torch.Tensor, torch.Tensor] | None = None) -> "EagleHead":
         """This head with its trained layers (``fc`` and the decoder layer) in weight mode
         ``mode``: a float dtype (``torch.bfloat16`` drafts at half the weight bytes on CPUs
         with bf16 instructions) or a weight-mode name of
         :data:`~specviz.models.weights.WEIGHT_MODES` (``"int8"`` / ``"int4"``: a quarter /
-        an eighth of float32's bytes, CPU kernels; the scored LM-head rows get their own
-        packed copy, :attr:`scorer`). The target's embeddings and LM head stay shared, the
-        rotary frequencies stay float32. Returns ``self`` when the layers
+        an eighth of float32's bytes; ``"w8a8-token"`` / ``"w4a8-token"``: the same bytes
+        with int8 activations, the target's and the draft's own CPU kernels; the scored
+        LM-head rows get their own packed copy, :attr:`scorer`). The calibrated modes
+        (``w8a8``, ``w8a8-token``, ``w4a8-token``) smooth each layer by its input range,
+        measured on ``calibration``: ``(T, H)`` target features of a text and the ``(T,)``
+        tokens after them (:class:`~specviz.heads.EagleDrafter` passes those of the
+        calibration text of the target's weight modes). The target's embeddings and LM head
+        stay shared, the rotary frequencies stay float32. Returns ``self`` when the layers
         already are in that mode, else a copy (``self`` is left as it is).
 
         Raises:
-            ValueError: not a float dtype or a weight mode, or a calibrated mode (``w8a8``,
-                whose activation scales come from a calibration text the head never sees).
+            ValueError: not a float dtype or a weight mode; a calibrated mode without
+                ``calibration``, or ``calibration`` of the wrong shape.
         """
-        from specviz.models.weights import parse_weight_mode, quantize_model, weight_mode_of
+        return self._cast(mode, ("fc", "layer"), calibration)
 
-        if isinstance(mode, torch.dtype) and not mode.is_floating_point:
-            raise ValueError(f"an EAGLE head runs in a floating-point dtype or a weight mode, got {mode!r}")
-        wm = parse_weight_mode(mode)
-        if wm.calibrated:
-            raise ValueError(f"an EAGLE head cannot draft in {wm.name}: its activation scales need a calibration "
-                             "run of the head; use int8, int4, bf16 or fp32")
-        trained = nn.ModuleDict({"fc": self.fc, "layer": self.layer})
-        if weight_mode_of(trained) == wm.name:
-            return self
-        if weight_mode_of(trained) != "fp32":  # converted layers cannot be converted again
-            raise ValueError(f"this head's layers are in {weight_mode_of(trained)}; cast the float32 head instead")
-        shared = {id(t): t for t in (self.embed_weight, self.out_weight, self.out_bias, self.vocab_map)
-                  if t is not None}
-        clone = copy.deepcopy(self, memo=dict(shared))  # the target's tensors are not copied
-        layers = nn.ModuleDict({"fc": clone.fc, "layer": clone.layer})
-        if wm.convert is None:
-            layers.to(wm.activation_dtype)
-        else:
-            quantize_model(layers, wm)
-        clone.fc, clone.layer = layers["fc"], layers["layer"]
-        if wm.convert is not None:  # the output rows too: at a reduced vocabulary they cost about what the layer does
-            out = nn.Linear(self.hidden_size, self.scored_vocab, bias=self.out_bias is not None)
-            out.weight.data = self.out_weight.detach().float()
-            if self.out_bias is not None:
-                out.bias.data = self.out_bias.detach().float()
-            clone.scorer = quantize_model(nn.ModuleDict({"out": out}), wm)["out"]
-            clone.scorer_dtype = wm.activation_dtype
-        return clone
+    def _calibrate(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """The predicted features of a calibration pass: one window over ``(T, H)``
+        features and their ``(T,)`` next tokens."""
+        positions = torch.arange(tokens.shape[0])[None]
+        return self(features[None], tokens[None], positions)[0]
 
     def _layer_param(self) -> torch.Tensor:
         """A parameter of the decoder layer (its norms' weights are in the activation dtype in

@@ -601,9 +601,14 @@ class SharedInputSlice(nn.Module):
 
 
 @torch.no_grad()
-def input_absmax(model: nn.Module, token_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+def input_absmax(model: nn.Module, token_ids: torch.Tensor | None = None,
+                 run: Callable[[], object] | None = None) -> dict[str, torch.Tensor]:
     """Per input channel, the largest ``|x|`` each ``nn.Linear`` of ``model`` sees while
-    ``model`` reads ``token_ids`` ((B, L) ids; one plain forward): ``{layer name: (K,)}``."""
+    ``model`` reads ``token_ids`` ((B, L) ids; one plain forward), or while ``run()``
+    runs (any use of ``model``, e.g. a draft head over calibration features):
+    ``{layer name: (K,)}``."""
+    if (token_ids is None) == (run is None):
+        raise ValueError("give input_absmax either token_ids or run")
     seen: dict[str, torch.Tensor] = {}
     hooks = []
     for name, module in model.named_modules():
@@ -613,7 +618,10 @@ def input_absmax(model: nn.Module, token_ids: torch.Tensor) -> dict[str, torch.T
                 seen[name] = torch.maximum(seen[name], a) if name in seen else a
             hooks.append(module.register_forward_hook(hook))
     try:
-        model(input_ids=token_ids)
+        if run is not None:
+            run()
+        else:
+            model(input_ids=token_ids)
     finally:
         for h in hooks:
             h.remove()
@@ -755,7 +763,8 @@ def _refuse_converted(model: nn.Module, wm: WeightMode) -> None:
 
 
 def quantize_model(model: nn.Module, mode: WeightMode | torch.dtype | str,
-                   calibration_ids: torch.Tensor | None = None) -> nn.Module:
+                   calibration_ids: torch.Tensor | None = None,
+                   input_ranges: dict[str, torch.Tensor] | None = None) -> nn.Module:
     """Put ``model`` in weight mode ``mode``, in place, and return it.
 
     Every ``nn.Linear`` is replaced by the mode's layer (quantized from the weights as they
@@ -765,20 +774,30 @@ def quantize_model(model: nn.Module, mode: WeightMode | torch.dtype | str,
     :class:`SharedInputGroup`, registered on their parent module. A tied LM head is
     converted as its own copy; the embedding table is kept. A calibrated mode (``w8a8``)
     first runs ``model`` once on ``calibration_ids`` ((1, L) token ids) to measure each
-    layer's input range.
+    layer's input range, or takes the ranges measured otherwise as ``input_ranges``
+    (``{layer name: (K,)}``, :func:`input_absmax` with ``run``: a module that does not
+    read token ids, such as a draft head).
 
     Raises:
         ValueError: unknown mode; a model already converted to a non-plain mode (load it
             again instead); a layer the mode cannot pack (the message names the layer); a
-            calibrated mode without ``calibration_ids``.
+            calibrated mode without ``calibration_ids`` or ``input_ranges``, or ranges that
+            miss a layer.
     """
     wm = parse_weight_mode(mode)
     _refuse_converted(model, wm)
     absmax: dict[str, torch.Tensor] = {}
     if wm.calibrated:
-        if calibration_ids is None:
+        if input_ranges is not None:
+            absmax = dict(input_ranges)
+            missing = sorted(name for name, m in model.named_modules() if isinstance(m, nn.Linear)
+                             and name not in absmax)
+            if missing:
+                raise ValueError(f"input_ranges has no range for layer(s) {missing}")
+        elif calibration_ids is None:
             raise ValueError(f"weight mode {wm.name} is calibrated: pass calibration_ids (token ids of a text)")
-        absmax = input_absmax(model, calibration_ids)
+        else:
+            absmax = input_absmax(model, calibration_ids)
     if wm.convert is not None:
         # Build every replacement before swapping any, so a layer that cannot be packed
         # leaves the model untouched.
