@@ -264,8 +264,9 @@ class MedusaDrafter(_HeadDrafter):
             expansion :data:`MEDUSA_BRANCHING` cut to the number of heads.
         dtype: the weight mode the heads' blocks (and, for the integer modes, their scored
             LM-head rows) draft in: None keeps the trained float32 heads; ``"int8"`` reads a
-            quarter of float32's bytes (:meth:`MedusaHeads.cast`). Verification is the
-            target's either way, so decoding stays lossless.
+            quarter of float32's bytes, ``"w4a8-token"`` an eighth with int8 activations
+            (calibrated on :func:`head_calibration`; :meth:`MedusaHeads.cast`).
+            Verification is the target's either way, so decoding stays lossless.
 
     Raises:
         ValueError: a shape deeper than the number of heads, or heads that do not fit
