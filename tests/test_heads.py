@@ -910,7 +910,7 @@ def test_registry_builds_head_drafters(tiny_pair, trained):
     assert build_drafter("eagle-k2-d3-n5", tiny_pair).name == "eagle(k=2,d=3,n=5)"
     chain3 = build_drafter("eagle-chain-k3", tiny_pair)
     assert chain3.name == "eagle-chain(k=3)" and chain3.topk == 1
-    # the EAGLE head drafts as trained (fp32) for an fp32 target, in int4 for another mode on a CPU
+    # the EAGLE head drafts as trained (fp32) for an fp32 target, packed for another mode on a CPU
     assert chain3.heads.fc.weight.dtype == torch.float32
     # (w4a8-token where the compiled operator runs its VNNI kernel, else int4; Medusa's: else int8)
     half = make_tiny_pair(dtype="bf16")
