@@ -344,17 +344,13 @@ class _FeatureFiles:
         self.memory: dict[str, tuple[str, str, torch.Tensor]] = {}
 
     def put(self, key: str, target: LoadedModel, feats: torch.Tensor) -> None:
-        half = feats.to(torch.float16)
-        entry = (target.name, target.weight_mode, half if bool(torch.isfinite(half).all()) else feats)
+        from specviz.heads.features import _save, _storable
+
+        entry = (target.name, target.weight_mode, _storable(feats, torch.float16))
         if self.directory is None:
             self.memory[key] = entry
             return
-        import io
-
-        from specviz.study.store import atomic_write_bytes
-        buf = io.BytesIO()
-        torch.save({"target": entry[0], "weight_mode": entry[1], "features": entry[2]}, buf)
-        atomic_write_bytes(self.directory / f"{key}.pt", buf.getvalue())
+        _save(self.directory / f"{key}.pt", {"target": entry[0], "weight_mode": entry[1], "features": entry[2]})
 
     def get(self, key: str) -> tuple[str, str, torch.Tensor] | None:
         """The kept features of ``key``, or None (never kept, or an unreadable file);

@@ -76,10 +76,17 @@ def _check_meta(path: Path, found: dict, wanted: dict) -> None:
                              "give another directory (or delete this one)")
 
 
-def _save_tensors(path: Path, tensors: list[torch.Tensor]) -> None:
+def _save(path: Path, obj) -> None:
+    """``torch.save`` of ``obj`` (tensors, or a dict of them), written atomically."""
     buf = io.BytesIO()
-    torch.save(tensors, buf)
+    torch.save(obj, buf)
     atomic_write_bytes(path, buf.getvalue())
+
+
+def _storable(feats: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``feats`` in storage ``dtype``, or as they are where that would overflow."""
+    stored = feats.to(dtype)
+    return stored if bool(torch.isfinite(stored).all()) else feats
 
 
 def _shard_path(directory: Path, index: int) -> Path:
@@ -150,10 +157,9 @@ def extract_features(target: LoadedModel, sequences: Sequence[Sequence[int]], di
                 feats = reuse(i)
                 if feats is None:
                     feats = target_features(target, list(sequences[i]))  # (T, H)
-                stored = feats.to(FEATURE_DTYPES[dtype])
-                rows.append(stored if bool(torch.isfinite(stored).all()) else feats)
+                rows.append(_storable(feats, FEATURE_DTYPES[dtype]))
                 bar.update(len(sequences[i]))
-            _save_tensors(_shard_path(out, s), rows)
+            _save(_shard_path(out, s), rows)
     return out
 
 

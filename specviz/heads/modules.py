@@ -104,11 +104,11 @@ class _ScoredVocab(nn.Module):
             raise ValueError(f"the {self.kind} heads draft in a floating-point dtype or a weight mode, got {mode!r}")
         wm = parse_weight_mode(mode)
         trained = nn.ModuleDict({name: getattr(self, name) for name in names})
-        if weight_mode_of(trained) == wm.name:
+        current = weight_mode_of(trained)
+        if current == wm.name:
             return self
-        if weight_mode_of(trained) != "fp32":  # converted layers cannot be converted again
-            raise ValueError(f"these {self.kind} heads' layers are in {weight_mode_of(trained)}; cast the float32 "
-                             "heads instead")
+        if current != "fp32":  # converted layers cannot be converted again
+            raise ValueError(f"these {self.kind} heads' layers are in {current}; cast the float32 heads instead")
         ranges = None
         if wm.calibrated:  # SmoothQuant's input ranges, from the heads over the target's features of a text
             if calibration is None:
