@@ -419,6 +419,86 @@ def test_training_in_bfloat16_lowers_the_loss(tiny_pair, corpus, tmp_path, kind)
         HeadConfig(precision="fp16")
 
 
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_training_on_soft_labels_lowers_the_loss(tiny_pair, corpus, tmp_path, kind):
+    cfg = dataclasses.replace(SMALL, soft_labels=1.0, validation=0.0)
+    result = train_heads(kind, tiny_pair.target, corpus, steps=STEPS, config=cfg, out_dir=tmp_path / kind,
+                         progress=False)
+    losses = [loss for _, loss, _ in result.history]
+    assert all(math.isfinite(x) for x in losses) and _mean(losses[-5:]) < _mean(losses[:5])
+    for bad, message in ((1.5, "soft_labels must be a share"), (-0.1, "soft_labels must be a number >= 0")):
+        with pytest.raises(ValueError, match=message):
+            HeadConfig(soft_labels=bad)
+
+
+def _perturbed(module, seed: int = 0):
+    """``module`` with every trained parameter moved off its initial value."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+    return module
+
+
+def test_medusa_soft_labels_are_the_targets_distribution_after_the_position_before(tiny_pair, corpus):
+    target = tiny_pair.target
+    feats = [target_features(target, s) for s in corpus.sequences]
+    k_heads, decay = 3, 0.8
+    heads = _perturbed(MedusaHeads.from_target(target, n_heads=k_heads))
+    p0, n1 = corpus.prompt_lengths[0], len(corpus.sequences[1])
+    wins = [(0, p0 - 4, p0 + 8), (1, n1 - 10, n1 - 1)]  # across the prompt's end; up to the sequence's last label
+    batch = training._medusa_batch(feats, corpus, k_heads, wins)
+    with torch.no_grad():
+        hard, right, counted = training._medusa_loss(heads, *batch, decay)
+        soft, right_soft, _ = training._medusa_loss(heads, *batch, decay, soft=1.0)
+        half, _, _ = training._medusa_loss(heads, *batch, decay, soft=0.5)
+    assert right_soft == right  # accuracy is measured against the data's tokens either way
+    # by hand: head k at position t learns the target's distribution at t + 1 + k, its LM head on feature t + k
+    total = 0.0
+    for k in range(k_heads):
+        terms = []
+        for s, a, b in wins:
+            seq, p = corpus.sequences[s], corpus.prompt_lengths[s]
+            for t in range(a, b):
+                if not p <= t + 1 + (k + 1) < len(seq):
+                    continue
+                with torch.no_grad():
+                    student = heads.scores(heads.states(feats[s][t])[k]).log_softmax(-1)
+                    teacher = heads.scores(feats[s][t + 1 + k]).softmax(-1)
+                terms.append(float(-(teacher * student).sum()))
+        total += decay ** k * sum(terms) / len(terms)
+    assert float(soft) == pytest.approx(total / sum(decay ** k for k in range(k_heads)), rel=1e-5)
+    assert float(half) == pytest.approx(0.5 * float(hard) + 0.5 * float(soft), rel=1e-5)
+    assert float(soft) != pytest.approx(float(hard), rel=1e-3)
+
+
+def test_eagle_soft_labels_are_the_targets_distribution_from_its_next_feature(tiny_pair, corpus):
+    target = tiny_pair.target
+    feats = [target_features(target, s) for s in corpus.sequences]
+    head = _perturbed(EagleHead.from_target(target)).eval()
+    wins = [(s, corpus.prompt_lengths[s] - 3, min(corpus.prompt_lengths[s] + 9, len(corpus.sequences[s]) - 1))
+            for s in (0, 2)]  # across the prompt's end: labels from its last position on
+    batch = training._eagle_batch(feats, corpus, wins)
+    only_tokens = HeadConfig(regression_weight=0.0, classification_weight=1.0, noise=0.0)
+    with torch.no_grad():
+        hard, right, _ = training._eagle_loss(head, batch, only_tokens, None)
+        soft, right_soft, _ = training._eagle_loss(head, batch, dataclasses.replace(only_tokens, soft_labels=1.0),
+                                                   None)
+        inputs, tokens, positions, valid, _, labels = batch
+        logp = head.scores(head(inputs, tokens, positions, valid)).log_softmax(-1)  # (B, W, V)
+    assert right_soft == right
+    terms = []
+    for r, (s, a, b) in enumerate(wins):
+        for i, t in enumerate(range(a, b)):
+            if labels[r, i] == -100:
+                continue
+            teacher = head.scores(feats[s][t + 1]).softmax(-1)  # the target's distribution of token t + 2
+            terms.append(float(-(teacher * logp[r, i]).sum()))
+    assert float(soft) == pytest.approx(sum(terms) / len(terms), rel=1e-5)
+    assert float(soft) != pytest.approx(float(hard), rel=1e-3)
+
+
 def test_validation_split():
     assert validation_split(10, 0.1, 0) == validation_split(10, 0.1, 0)
     assert len(validation_split(10, 0.3, 0)) == 3 and len(validation_split(3, 0.01, 0)) == 1
@@ -500,11 +580,14 @@ def test_cache_keys(corpus):
               heads_dir("tiny-qwen2-seed0", "medusa", HeadConfig(vocab=100), corpus.sha256),
               heads_dir("tiny-qwen2-seed0", "medusa", cfg, "f" * 64),
               heads_dir("tiny-qwen2-seed0", "medusa", cfg, corpus.sha256, weight_mode="bf16"),
-              heads_dir("tiny-qwen2-seed0", "medusa", HeadConfig(precision="bf16"), corpus.sha256)]
-    assert len({base, *others}) == 8
+              heads_dir("tiny-qwen2-seed0", "medusa", HeadConfig(precision="bf16"), corpus.sha256),
+              heads_dir("tiny-qwen2-seed0", "medusa", HeadConfig(soft_labels=1.0), corpus.sha256)]
+    assert len({base, *others}) == 9
     # the float32 default hashes as before the setting existed (results trained then keep their key)
     assert "precision" not in cfg.key_fields("medusa")
     assert "precision" in HeadConfig(precision="bf16").key_fields("eagle")
+    assert "soft_labels" not in cfg.key_fields("eagle")
+    assert "soft_labels" in HeadConfig(soft_labels=0.5).key_fields("eagle")
     assert config_hash("eagle", HeadConfig(n_heads=2)) == config_hash("eagle", HeadConfig(n_heads=5))
     assert config_hash("medusa", HeadConfig(n_heads=2)) != config_hash("medusa", HeadConfig(n_heads=5))
 
@@ -994,6 +1077,7 @@ def test_cli_tiny_train_and_info(tmp_path, cache, capsys):
     (["train", "--kind", "medusa", "--tiny", "--steps", "1", "--written", "-1"], "--written must be >= 0"),
     (["train", "--kind", "medusa", "--tiny", "--steps", "1", "--tasks", "0", "--prompts", "0"], "no training prompts"),
     (["train", "--kind", "medusa", "--tiny", "--steps", "1", "--validation", "1.5"], "validation must be a share"),
+    (["train", "--kind", "medusa", "--tiny", "--steps", "1", "--soft-labels", "1.5"], "--soft-labels must be a share"),
     (["info", "/nonexistent/heads"], "no training result at /nonexistent/heads"),
     ([], "give a command"),
 ])

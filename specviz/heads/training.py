@@ -103,6 +103,12 @@ class HeadConfig:
         regression_weight: EAGLE: weight of the smooth-L1 feature loss.
         classification_weight: EAGLE: weight of the cross-entropy of the predicted feature.
         noise: EAGLE: uniform noise on input features, relative to each feature's RMS.
+        soft_labels: the share of the classification loss taken against the target's own
+            distribution of the drafted position (its frozen LM head on its feature of the
+            position before, over the scored vocabulary) instead of the token the data
+            holds there: 0 trains on the tokens alone, 1 on the distributions alone (the
+            self-distillation loss of Medusa-2). The tokens stay what accuracy is measured
+            against.
         grad_clip: gradient norm clip (0 = none).
         seed: initial weights and batch sampling.
         feature_dtype: storage dtype of the cached features (a key of
@@ -134,6 +140,7 @@ class HeadConfig:
     regression_weight: float = 1.0
     classification_weight: float = 0.1
     noise: float = 0.1
+    soft_labels: float = 0.0
     grad_clip: float = 0.5
     seed: int = 0
     feature_dtype: str = "float16"
@@ -155,10 +162,12 @@ class HeadConfig:
                 or not 0 <= self.validation < 1):
             raise ValueError(f"validation must be a share in [0, 1), got {self.validation!r}")
         for name in ("lr", "weight_decay", "head_decay", "regression_weight", "classification_weight", "noise",
-                     "grad_clip", "checkpoint_minutes"):
+                     "soft_labels", "grad_clip", "checkpoint_minutes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
                 raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+        if self.soft_labels > 1:
+            raise ValueError(f"soft_labels must be a share in [0, 1], got {self.soft_labels!r}")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr!r}")
         if self.checkpoint_minutes <= 0:
@@ -175,6 +184,8 @@ class HeadConfig:
                                                                   "noise")
         if self.precision == "fp32":  # results trained before the setting existed keep their key
             drop += ("precision",)
+        if self.soft_labels == 0:  # likewise
+            drop += ("soft_labels",)
         return {k: v for k, v in out.items() if k not in drop}
 
 
@@ -323,15 +334,18 @@ def _windows(lengths: list[int], firsts: list[int], weights: list[float], batch_
 
 
 def _medusa_batch(features: list[torch.Tensor], data: Corpus, n_heads: int, wins) -> tuple[torch.Tensor, ...]:
-    """Features ``(B, W, H)`` and labels ``(B, W, K)`` (-100 = no label)."""
+    """Features ``(B, W + K, H)`` (each window's and the K after it, where the sequence has
+    them: head ``k``'s label at position ``t`` follows the feature at ``t + k``) and labels
+    ``(B, W, K)`` (-100 = no label)."""
     width = max(b - a for _, a, b in wins)
     h = features[0].shape[-1]
-    feats = torch.zeros(len(wins), width, h)
+    feats = torch.zeros(len(wins), width + n_heads, h)
     labels = torch.full((len(wins), width, n_heads), -100, dtype=torch.long)
     for r, (s, a, b) in enumerate(wins):
         seq = torch.tensor(data.sequences[s])
         n, p = len(seq), data.prompt_lengths[s]
-        feats[r, :b - a] = features[s][a:b].float()
+        stop = min(b + n_heads, n)
+        feats[r, :stop - a] = features[s][a:stop].float()
         for k in range(1, n_heads + 1):
             at = torch.arange(a, b) + 1 + k  # label positions
             ok = (at < n) & (at >= p)
@@ -365,12 +379,33 @@ def _eagle_batch(features: list[torch.Tensor], data: Corpus, wins) -> tuple[torc
     return inputs, tokens, positions, valid, targets, labels
 
 
+def _classification(logits: torch.Tensor, lab: torch.Tensor, teacher: torch.Tensor | None,
+                    soft: float) -> torch.Tensor:
+    """Cross-entropy of ``(M, V)`` logits against the ``(M,)`` label indices (-100 = none),
+    with share ``soft`` against the softmax of the ``(M, V)`` teacher logits at the labelled
+    rows instead."""
+    hard = F.cross_entropy(logits, lab, ignore_index=-100)
+    if not soft or teacher is None:
+        return hard
+    rows = lab != -100  # soft targets only where the data has a token to follow
+    distill = F.cross_entropy(logits[rows], teacher[rows].float().softmax(-1))
+    return distill if soft == 1 else (1 - soft) * hard + soft * distill
+
+
 def _medusa_loss(heads: MedusaHeads, feats: torch.Tensor, labels: torch.Tensor,
-                 decay: float) -> tuple[torch.Tensor, int, int]:
-    """The decay-weighted cross-entropy of the heads, and head 1's right guesses and labels."""
+                 decay: float, soft: float = 0.0) -> tuple[torch.Tensor, int, int]:
+    """The decay-weighted cross-entropy of the heads (share ``soft`` of it against the
+    target's own distributions, :attr:`HeadConfig.soft_labels`), and head 1's right guesses
+    and labels."""
     device = heads.blocks[0].weight.device
-    states = heads.states(feats.to(device))  # (B, W, K, H)
+    feats = feats.to(device)
+    width = labels.shape[1]
+    states = heads.states(feats[:, :width])  # (B, W, K, H)
     labels = heads.label_index(labels.to(device))  # (B, W, K)
+    teacher = None
+    if soft:
+        with torch.no_grad():
+            teacher = heads.scores(feats)  # (B, W + K, V) the target's logits after each position
     total, weights, correct, counted = 0.0, 0.0, 0, 0
     for k in range(heads.n_heads):
         lab = labels[:, :, k].reshape(-1)
@@ -379,7 +414,8 @@ def _medusa_loss(heads: MedusaHeads, feats: torch.Tensor, labels: torch.Tensor,
             continue
         logits = heads.scores(states[:, :, k]).reshape(lab.numel(), -1)  # (B * W, V)
         weight = decay ** k
-        total = total + weight * F.cross_entropy(logits, lab, ignore_index=-100)
+        wanted = None if teacher is None else teacher[:, k + 1:k + 1 + width].reshape(lab.numel(), -1)
+        total = total + weight * _classification(logits, lab, wanted, soft)
         weights += weight
         if k == 0:
             correct, counted = int((logits.argmax(-1) == lab).sum()), count
@@ -406,7 +442,11 @@ def _eagle_loss(head: EagleHead, batch, config: HeadConfig, generator: torch.Gen
     if count == 0:
         return loss, 0, 0
     logits = head.scores(pred).reshape(lab.numel(), -1)  # (B * W, V)
-    loss = loss + config.classification_weight * F.cross_entropy(logits, lab, ignore_index=-100)
+    teacher = None
+    if config.soft_labels:
+        with torch.no_grad():  # the target's logits from its own next feature
+            teacher = head.scores(targets.to(device)).reshape(lab.numel(), -1)
+    loss = loss + config.classification_weight * _classification(logits, lab, teacher, config.soft_labels)
     return loss, int((logits.argmax(-1) == lab).sum()), count
 
 
@@ -419,7 +459,8 @@ def _batch_loss(kind: str, module, feats: list[torch.Tensor], data: Corpus, wins
                 torch.autocast(device_type=next(module.parameters()).device.type, dtype=torch.bfloat16))
     with autocast:
         if kind == "medusa":
-            return _medusa_loss(module, *_medusa_batch(feats, data, cfg.n_heads, wins), cfg.head_decay)
+            return _medusa_loss(module, *_medusa_batch(feats, data, cfg.n_heads, wins), cfg.head_decay,
+                                cfg.soft_labels)
         return _eagle_loss(module, _eagle_batch(feats, data, wins), cfg, generator)
 
 
