@@ -387,7 +387,7 @@ def _classification(logits: torch.Tensor, lab: torch.Tensor, teacher: torch.Tens
     hard = F.cross_entropy(logits, lab, ignore_index=-100)
     if not soft or teacher is None:
         return hard
-    rows = lab != -100  # soft targets only where the data has a token to follow
+    rows = lab != -100  # the rows the tokens' loss counts: a token to follow, inside the scored vocabulary
     distill = F.cross_entropy(logits[rows], teacher[rows].float().softmax(-1))
     return distill if soft == 1 else (1 - soft) * hard + soft * distill
 
