@@ -384,12 +384,13 @@ def _classification(logits: torch.Tensor, lab: torch.Tensor, teacher: torch.Tens
     """Cross-entropy of ``(M, V)`` logits against the ``(M,)`` label indices (-100 = none),
     with share ``soft`` against the softmax of the ``(M, V)`` teacher logits at the labelled
     rows instead."""
-    hard = F.cross_entropy(logits, lab, ignore_index=-100)
     if not soft or teacher is None:
-        return hard
+        return F.cross_entropy(logits, lab, ignore_index=-100)
     rows = lab != -100  # the rows the tokens' loss counts: a token to follow, inside the scored vocabulary
     distill = F.cross_entropy(logits[rows], teacher[rows].float().softmax(-1))
-    return distill if soft == 1 else (1 - soft) * hard + soft * distill
+    if soft == 1:  # the tokens' loss would be weighted 0: not computed
+        return distill
+    return (1 - soft) * F.cross_entropy(logits, lab, ignore_index=-100) + soft * distill
 
 
 def _medusa_loss(heads: MedusaHeads, feats: torch.Tensor, labels: torch.Tensor,
