@@ -220,6 +220,57 @@ def test_the_operator_checks_its_inputs(w4_pair):
         torch.ops.specviz.w4a8_decoder_layer(h, room, room.clone(), 0, cos[..., :2], sin[..., :2], *p, True)
 
 
+def test_the_operator_attends_where_allowed_marks(w4_pair):
+    """With ``allowed``, each new row sees exactly the slots it marks: a causal mask gives the
+    causal call's outputs bit for bit, a tree mask the outputs of separate causal calls along
+    each root-to-node path."""
+    draft = w4_pair.draft.model
+    from specviz.models.fused import _model_params
+
+    p = _model_params(draft)[0]
+    kv, d, e = p[16], p[17], draft.config.hidden_size
+    op = torch.ops.specviz.w4a8_decoder_layer
+    gen = torch.Generator().manual_seed(0)
+    held, n = 5, 4
+    h = torch.randn(1, n, e, generator=gen)
+    cos, sin = torch.randn(1, n, d, generator=gen).cos(), torch.randn(1, n, d, generator=gen).sin()
+    keys, values = torch.randn(1, kv, held + n, d, generator=gen), torch.randn(1, kv, held + n, d, generator=gen)
+
+    def run(rows, slots, allowed):
+        k, v = keys[:, :, :slots].clone(), values[:, :, :slots].clone()
+        return op(h[:, rows].contiguous(), k, v, slots - len(rows), cos[:, rows].contiguous(),
+                  sin[:, rows].contiguous(), *p, True, allowed)
+
+    causal = torch.ones(n, held + n, dtype=torch.bool).tril(held)[None]
+    torch.testing.assert_close(run(list(range(n)), held + n, causal), run(list(range(n)), held + n, None),
+                               rtol=0, atol=0)
+    # a tree: 0 and 1 children of the context, 2 child of 0, 3 child of 2
+    parents = [-1, -1, 0, 2]
+    tree = torch.zeros(1, n, held + n, dtype=torch.bool)
+    tree[..., :held] = True
+    for i, q in enumerate(parents):
+        tree[0, i, held + i] = True
+        while q != -1:
+            tree[0, i, held + q] = True
+            q = parents[q]
+    got = run(list(range(n)), held + n, tree)
+    for i in range(n):
+        path, q = [i], parents[i]
+        while q != -1:
+            path.insert(0, q)
+            q = parents[q]
+        # the path's rows fed causally after the context: their keys and values sit in slots held...
+        k = torch.cat([keys[:, :, :held], keys[:, :, [held + j for j in path]]], dim=2)
+        v = torch.cat([values[:, :, :held], values[:, :, [held + j for j in path]]], dim=2)
+        ref = op(h[:, path].contiguous(), k, v, held, cos[:, path].contiguous(), sin[:, path].contiguous(), *p, True)
+        torch.testing.assert_close(got[0, i], ref[0, -1], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(got, run(list(range(n)), held + n, None), atol=1e-3)  # the mask changed rows 1-3
+    with pytest.raises(RuntimeError, match="allowed must be a bool"):
+        run(list(range(n)), held + n, tree[..., :-1])
+    with pytest.raises(RuntimeError, match="marks no slot"):
+        run(list(range(n)), held + n, torch.zeros_like(tree))
+
+
 def test_bench_records_how_the_draft_layers_ran(tmp_path, capsys):
     from specviz.bench.__main__ import main
     from specviz.bench.e2e import COLUMNS, load_results

@@ -2,6 +2,7 @@
 checkpoints and resume, the result cache and its load errors, the reduced vocabulary,
 greedy identity of the Medusa and EAGLE drafters with the target, and the command line."""
 
+import copy
 import dataclasses
 import functools
 import itertools
@@ -65,6 +66,7 @@ from specviz.heads import (
 )
 from specviz.heads.__main__ import main
 from specviz.models.kvcache import forward_tokens, new_cache
+from specviz.models.extension import w4a8_token_op
 from specviz.models.loading import tiny_model
 from specviz.models.loading import tiny_pair as make_tiny_pair
 from specviz.models.w4a8 import W4A8TokenLinear
@@ -431,6 +433,35 @@ def test_training_on_soft_labels_lowers_the_loss(tiny_pair, corpus, tmp_path, ki
             HeadConfig(soft_labels=bad)
 
 
+def test_eagle_head_with_a_narrow_mlp(tiny_pair, corpus, tmp_path):
+    cfg = dataclasses.replace(SMALL, mlp_size=32, validation=0.0)
+    result = train_heads("eagle", tiny_pair.target, corpus, steps=STEPS, config=cfg, out_dir=tmp_path / "narrow",
+                         progress=False)
+    head = result.heads
+    hidden = tiny_pair.target.model.config.hidden_size
+    assert head.mlp_size == 32 and tiny_pair.target.model.config.intermediate_size == 2 * hidden  # target untouched
+    assert tuple(head.layer.mlp.gate_proj.weight.shape) == (32, hidden)
+    assert tuple(head.layer.mlp.down_proj.weight.shape) == (hidden, 32)
+    losses = [loss for _, loss, _ in result.history]
+    assert all(math.isfinite(x) for x in losses) and _mean(losses[-5:]) < _mean(losses[:5])
+    # loaded back at its own width, with the same weights
+    loaded = load_heads(result.path, tiny_pair.target)
+    assert loaded.mlp_size == 32
+    for name, tensor in head.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[name], tensor)
+    # drafts losslessly, as trained and packed to int8
+    plain = plain_generate(tiny_pair.target, PROMPTS[0], max_new_tokens=24, chat=False)
+    for dtype in (None, "int8"):
+        drafter = EagleDrafter(tiny_pair.target, loaded, topk=2, depth=3, budget=6, dtype=dtype)
+        spec = speculative_generate(tiny_pair.target, drafter, PROMPTS[0], max_new_tokens=24, chat=False)
+        assert spec.output_ids == plain.output_ids, dtype
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="mlp_size"):
+            HeadConfig(mlp_size=bad)
+    with pytest.raises(ValueError, match="mlp_size"):
+        EagleHead(tiny_pair.target, mlp_size=0)
+
+
 def _perturbed(module, seed: int = 0):
     """``module`` with every trained parameter moved off its initial value."""
     gen = torch.Generator().manual_seed(seed)
@@ -581,13 +612,17 @@ def test_cache_keys(corpus):
               heads_dir("tiny-qwen2-seed0", "medusa", cfg, "f" * 64),
               heads_dir("tiny-qwen2-seed0", "medusa", cfg, corpus.sha256, weight_mode="bf16"),
               heads_dir("tiny-qwen2-seed0", "medusa", HeadConfig(precision="bf16"), corpus.sha256),
-              heads_dir("tiny-qwen2-seed0", "medusa", HeadConfig(soft_labels=1.0), corpus.sha256)]
-    assert len({base, *others}) == 9
+              heads_dir("tiny-qwen2-seed0", "medusa", HeadConfig(soft_labels=1.0), corpus.sha256),
+              heads_dir("tiny-qwen2-seed0", "eagle", HeadConfig(mlp_size=64), corpus.sha256)]
+    assert len({base, *others}) == 10
     # the float32 default hashes as before the setting existed (results trained then keep their key)
     assert "precision" not in cfg.key_fields("medusa")
     assert "precision" in HeadConfig(precision="bf16").key_fields("eagle")
     assert "soft_labels" not in cfg.key_fields("eagle")
     assert "soft_labels" in HeadConfig(soft_labels=0.5).key_fields("eagle")
+    assert "mlp_size" not in cfg.key_fields("eagle")  # the target's width hashes as before the setting existed
+    assert HeadConfig(mlp_size=64).key_fields("eagle")["mlp_size"] == 64
+    assert "mlp_size" not in HeadConfig(mlp_size=64).key_fields("medusa")  # an EAGLE setting
     assert config_hash("eagle", HeadConfig(n_heads=2)) == config_hash("eagle", HeadConfig(n_heads=5))
     assert config_hash("medusa", HeadConfig(n_heads=2)) != config_hash("medusa", HeadConfig(n_heads=5))
 
@@ -943,6 +978,52 @@ def test_eagle_head_in_integer_weight_modes(tiny_pair, trained, mode, layer):
     assert sum(len(s.acceptance.accepted_nodes) for s in spec.steps) > 0
 
 
+@pytest.mark.skipif(w4a8_token_op() is None, reason="the compiled operator is not available")
+def test_eagle_head_in_w4a8_token_runs_its_layer_as_one_call(tiny_pair, trained, monkeypatch):
+    head = trained["eagle"].heads
+    fused = head.cast("w4a8-token", head_calibration(tiny_pair.target))
+    assert fused._fused_params() is not None and head._fused_params() is None  # float32 heads run the modules
+    modules = copy.copy(fused)
+    modules.fused_layer = False
+    assert modules._fused_params() is None
+    gen = torch.Generator().manual_seed(0)
+    ctx = torch.randint(0, head.vocab_size, (1, 9), generator=gen)
+    feats = torch.randn(1, 9, head.hidden_size, generator=gen)
+    parents = [-1, -1, 0, 1, 2]
+    allowed = torch.zeros(1, len(parents), 9 + len(parents), dtype=torch.bool)
+    allowed[..., :9] = True
+    for i, q in enumerate(parents):
+        allowed[0, i, 9 + i] = True
+        while q != -1:
+            allowed[0, i, 9 + q] = True
+            q = parents[q]
+    nodes = torch.randint(0, head.vocab_size, (1, len(parents)), generator=gen)
+    node_feats = torch.randn(1, len(parents), head.hidden_size, generator=gen)
+    node_pos = torch.tensor([[9, 9, 10, 10, 11]])
+    outs = {}
+    for name, h in (("fused", fused), ("modules", modules)):
+        cache = new_cache(h)
+        with torch.no_grad():
+            first = h.step(feats, ctx, torch.arange(9)[None], cache, torch.ones(1, 9, 9, dtype=torch.bool).tril())
+            if name == "fused":  # the layer's modules are not called
+                monkeypatch.setattr(h.layer, "forward", lambda *a, **k: pytest.fail("the modules ran"))
+            second = h.step(node_feats, nodes, node_pos, cache, allowed)
+            monkeypatch.undo()
+        outs[name] = (first, second, cache.layers[0].keys.shape[2])
+    for a, b in zip(outs["fused"][:2], outs["modules"][:2]):
+        cos = torch.nn.functional.cosine_similarity(a, b, dim=-1)
+        assert float(cos.min()) > 0.9999, cos  # rounding apart
+    assert outs["fused"][2] == outs["modules"][2] == 9 + len(parents)
+    with torch.no_grad(), pytest.raises(ValueError, match="allowed covers"):
+        fused.step(node_feats, nodes, node_pos, new_cache(fused), allowed)
+    # drafting through it stays lossless
+    drafter = EagleDrafter(tiny_pair.target, fused, topk=2, depth=3, budget=6)
+    plain = plain_generate(tiny_pair.target, PROMPTS[1], max_new_tokens=24, chat=False)
+    spec = speculative_generate(tiny_pair.target, drafter, PROMPTS[1], max_new_tokens=24, chat=False)
+    assert spec.output_ids == plain.output_ids
+    assert sum(len(s.acceptance.accepted_nodes) for s in spec.steps) > 0
+
+
 @pytest.mark.parametrize("mode, layer", [("int8", Int8Linear), ("int4", Int4Linear), (torch.bfloat16, None),
                                          ("w8a8-token", W8A8TokenLinear), ("w4a8-token", W4A8TokenLinear)])
 def test_medusa_heads_in_other_weight_modes(tiny_pair, trained, mode, layer):
@@ -1078,6 +1159,7 @@ def test_cli_tiny_train_and_info(tmp_path, cache, capsys):
     (["train", "--kind", "medusa", "--tiny", "--steps", "1", "--tasks", "0", "--prompts", "0"], "no training prompts"),
     (["train", "--kind", "medusa", "--tiny", "--steps", "1", "--validation", "1.5"], "validation must be a share"),
     (["train", "--kind", "medusa", "--tiny", "--steps", "1", "--soft-labels", "1.5"], "--soft-labels must be a share"),
+    (["train", "--kind", "eagle", "--tiny", "--steps", "1", "--mlp-size", "0"], "--mlp-size must be a positive"),
     (["info", "/nonexistent/heads"], "no training result at /nonexistent/heads"),
     ([], "give a command"),
 ])

@@ -276,7 +276,7 @@ class DynamicTreeDrafter(ModelDrafter):
 
 
 def grow_dynamic_tree(root: int, root_logits: torch.Tensor, config: SamplingConfig, topk: int, depth: int,
-                      budget: int, token_ids: torch.Tensor | None = None
+                      budget: int, token_ids: torch.Tensor | Sequence[int] | None = None
                       ) -> Generator[list[tuple[int, int, int]], torch.Tensor, DraftTree]:
     """EAGLE-2's tree growth for any draft that scores a node's children from logits.
 
@@ -295,12 +295,13 @@ def grow_dynamic_tree(root: int, root_logits: torch.Tensor, config: SamplingConf
         root_logits: ``(V,)`` the draft's logits after the root.
         config: the sampling configuration (greedy: temperature-1 probabilities).
         topk, depth, budget: as in :class:`DynamicTreeDrafter`.
-        token_ids: ``(W,)`` the token id of each logits column when the draft scores only
+        token_ids: ``(W,)`` the token id of each logits column (a tensor or a list; a list
+            saves converting a large vocabulary every step) when the draft scores only
             part of the vocabulary (a reduced draft vocabulary: ``(W,)`` root logits and
             ``(n, W)`` after each frontier, the same tree as ``-inf`` logits everywhere
             else would give, for less work per node); None: column ``i`` is token ``i``.
     """
-    ids = None if token_ids is None else torch.as_tensor(token_ids).tolist()
+    ids = token_ids if token_ids is None or isinstance(token_ids, list) else torch.as_tensor(token_ids).tolist()
     # Pool of every proposed node: token, pool parent (-1 = root), path score, q, rank.
     tok: list[int] = []
     par: list[int] = []

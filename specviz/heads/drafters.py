@@ -412,7 +412,7 @@ class EagleDrafter(_HeadDrafter):
         self.name = f"eagle-chain(k={depth}{suffix})" if topk == 1 and budget >= depth else \
             f"eagle(k={topk},d={depth},n={budget}{suffix})"
         super().__init__(target, head, EagleHead)
-        self._token_ids = None if self.heads.vocab_map is None else self.heads.vocab_map.cpu()
+        self._token_ids = None if self.heads.vocab_map is None else self.heads.vocab_map.cpu().tolist()
 
     def reset(self) -> None:
         super().reset()

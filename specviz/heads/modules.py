@@ -33,8 +33,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specviz.models.kvcache import additive_mask, decoder_of
+from specviz.models.extension import vnni_kernel
+from specviz.models.fused import FUSED_MAX_TOKENS, causal_over_cache
+from specviz.models.kvcache import additive_mask, crop_cache, decoder_of, reserve_slots
 from specviz.models.loading import LoadedModel
+from specviz.models.weights import weight_mode_of
 from specviz.validate import check_int
 
 __all__ = [
@@ -266,15 +269,30 @@ class EagleHead(_ScoredVocab):
         target: the target model (its decoder-layer class, configuration, embeddings and
             LM head are used).
         vocab_map: ``(W,)`` token ids the head scores (None: the full vocabulary).
+        mlp_size: the width of the layer's MLP (None: the target's own
+            ``intermediate_size``). A narrower MLP reads fewer weight bytes per draft
+            forward: at 2,048 instead of 8,960, a Qwen2.5-1.5B head's trained weights
+            (``fc`` and the layer) number about 20M instead of 52M.
+
+    Raises:
+        ValueError: ``mlp_size`` not a positive integer.
     """
 
     kind = "eagle"
+    #: whether :meth:`step` may run the layer as one compiled call (a ``w4a8-token`` head on
+    #: the CPU); off, it always runs the modules
+    fused_layer: bool = True
 
-    def __init__(self, target: LoadedModel, vocab_map: torch.Tensor | None = None) -> None:
+    def __init__(self, target: LoadedModel, vocab_map: torch.Tensor | None = None,
+                 mlp_size: int | None = None) -> None:
         super().__init__()
+        if mlp_size is not None:
+            check_int("mlp_size", mlp_size, note="(or None for the target's MLP width)")
         decoder = decoder_of(target.model)
         config = copy.deepcopy(target.model.config)
         config.num_hidden_layers = 1
+        if mlp_size is not None:
+            config.intermediate_size = int(mlp_size)
         if getattr(config, "layer_types", None) is not None:
             config.layer_types = list(config.layer_types)[:1]
         config._attn_implementation = "sdpa"
@@ -290,9 +308,15 @@ class EagleHead(_ScoredVocab):
         self.to(target.device)
 
     @classmethod
-    def from_target(cls, target: LoadedModel, vocab_map: torch.Tensor | None = None) -> "EagleHead":
+    def from_target(cls, target: LoadedModel, vocab_map: torch.Tensor | None = None,
+                    mlp_size: int | None = None) -> "EagleHead":
         """A head for ``target`` (see the class)."""
-        return cls(target, vocab_map)
+        return cls(target, vocab_map, mlp_size)
+
+    @property
+    def mlp_size(self) -> int:
+        """The width of the layer's MLP."""
+        return int(self.config.intermediate_size)
 
     def cast(self, mode: torch.dtype | str,
              calibration: tuple[torch.Tensor, torch.Tensor] | None = None) -> "EagleHead":
@@ -323,18 +347,52 @@ class EagleHead(_ScoredVocab):
         return self(features[None], tokens[None], positions)[0]
 
     def _layer_param(self) -> torch.Tensor:
-        """A parameter of the decoder layer (its norms' weights are in the activation dtype in
-        every weight mode)."""
-        return next(self.layer.parameters())
+        """A parameter of the decoder layer in its activation dtype: its input norm's weight
+        (norms stay in the activation dtype in every weight mode), read directly, since
+        listing the layer's parameters costs more than a draft step's small operators."""
+        norm = getattr(self.layer, "input_layernorm", None)
+        weight = getattr(norm, "weight", None)
+        return weight if isinstance(weight, torch.Tensor) else next(self.layer.parameters())
 
     def _inputs(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         emb = F.embedding(tokens.to(self.embed_weight.device), self.embed_weight)  # (B, n, H)
         dtype = self._layer_param().dtype  # the activation dtype (integer layers hold no float weight)
         return self.fc(torch.cat([features.to(dtype), emb.to(dtype)], dim=-1))  # (B, n, H)
 
+    def _fused_params(self) -> tuple | None:
+        """The arguments of the compiled decoder-layer operator for the head's layer
+        (:mod:`specviz.models.fused`), or None where it cannot run it: the layer is not in
+        ``w4a8-token`` on the CPU with the compiled operator, has a forward hook, or
+        :attr:`fused_layer` is off. Recorded per layer object and its modules."""
+        from specviz.models.fused import _layer_params, fusable
+        from specviz.models.kvcache import _has_hooks, _layer_modules, _unchanged
+
+        if not self.fused_layer or self.training:
+            return None
+        found = self.__dict__.get("_fused")
+        if found is not None and _unchanged(found[0], [self.layer]):
+            return found[1]
+        recorded = ([self.layer], _layer_modules([self.layer]))
+        params = None
+        if (weight_mode_of(self.layer) == "w4a8-token" and fusable("w4a8-token", self._layer_param().device)
+                and getattr(self.config, "hidden_act", "silu") == "silu"
+                and not any(_has_hooks(m) for m in recorded[1][0] + [m for m, _ in recorded[1][1]])):
+            found_params = _layer_params(self.layer, self.config)
+            params = None if isinstance(found_params, str) else found_params
+        self.__dict__["_fused"] = (recorded, params)
+        return params
+
     def step(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, cache,
              allowed: torch.Tensor) -> torch.Tensor:
         """Run ``n`` new positions after the ``S`` slots of ``cache`` (which grows by n).
+
+        A head in ``w4a8-token`` on the CPU runs its layer as one call of the compiled
+        decoder-layer operator (:mod:`specviz.models.fused`; with the mask, so a draft
+        tree's nodes see their ancestors only) when the cache is given and ``n`` is at most
+        :data:`~specviz.models.fused.FUSED_MAX_TOKENS`, without gradients: the same four
+        integer products, the norms, rotary embedding and attention the operator's own
+        float arithmetic, so the predicted features differ from the modules' by rounding.
+        They only shape proposals, which the target verifies.
 
         Args:
             features: ``(B, n, H)`` the feature at each position (the target's or a prediction).
@@ -349,6 +407,17 @@ class EagleHead(_ScoredVocab):
         device = self._layer_param().device
         x = self._inputs(features.to(device), tokens.to(device))  # (B, n, H)
         positions = positions.to(device)
+        b, n = tokens.shape
+        params = None if cache is None or n > FUSED_MAX_TOKENS or torch.is_grad_enabled() else self._fused_params()
+        if params is not None:
+            cos, sin = self.rotary(x, positions)  # (B, n, D) each
+            keys, values, held = reserve_slots(cache, 0, n, b, params[16], params[17], x)
+            if allowed.shape[-1] != held + n:
+                crop_cache(cache, held)  # leave the cache as it was
+                raise ValueError(f"allowed covers {allowed.shape[-1]} slots, the cache holds {held} + {n} new")
+            mask = None if causal_over_cache(allowed, held) else allowed.to(device)
+            return torch.ops.specviz.w4a8_decoder_layer(x.contiguous(), keys, values, held, cos, sin, *params,
+                                                         vnni_kernel(), mask)
         mask = additive_mask(allowed.to(device), x.dtype)  # (B, 1, n, S + n)
         out = self.layer(x, attention_mask=mask, position_ids=positions, past_key_values=cache,
                          use_cache=cache is not None, position_embeddings=self.rotary(x, positions))

@@ -103,6 +103,8 @@ class HeadConfig:
         regression_weight: EAGLE: weight of the smooth-L1 feature loss.
         classification_weight: EAGLE: weight of the cross-entropy of the predicted feature.
         noise: EAGLE: uniform noise on input features, relative to each feature's RMS.
+        mlp_size: EAGLE: the width of the head layer's MLP (None: the target's own
+            ``intermediate_size``); narrower drafts cheaper (:class:`~specviz.heads.EagleHead`).
         soft_labels: the share of the classification loss taken against the target's own
             distribution of the drafted position (its frozen LM head on its feature of the
             position before, over the scored vocabulary) instead of the token the data
@@ -140,6 +142,7 @@ class HeadConfig:
     regression_weight: float = 1.0
     classification_weight: float = 0.1
     noise: float = 0.1
+    mlp_size: int | None = None
     soft_labels: float = 0.0
     grad_clip: float = 0.5
     seed: int = 0
@@ -158,6 +161,8 @@ class HeadConfig:
         check_int("window", self.window)
         check_int("seed", self.seed, 0)
         check_int("eval_every", self.eval_every)
+        if self.mlp_size is not None:
+            check_int("mlp_size", self.mlp_size, note="(or None for the target's MLP width)")
         if (isinstance(self.validation, bool) or not isinstance(self.validation, (int, float))
                 or not 0 <= self.validation < 1):
             raise ValueError(f"validation must be a share in [0, 1), got {self.validation!r}")
@@ -181,11 +186,13 @@ class HeadConfig:
         """The settings that change a ``kind`` result (those its cache key hashes)."""
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.compare}
         drop = ("n_heads", "head_decay") if kind == "eagle" else ("regression_weight", "classification_weight",
-                                                                  "noise")
+                                                                  "noise", "mlp_size")
         if self.precision == "fp32":  # results trained before the setting existed keep their key
             drop += ("precision",)
         if self.soft_labels == 0:  # likewise
             drop += ("soft_labels",)
+        if self.mlp_size is None:  # likewise
+            drop += ("mlp_size",)
         return {k: v for k, v in out.items() if k not in drop}
 
 
@@ -289,12 +296,13 @@ def train_command(kind: str, target_name: str) -> str:
 
 # -- the modules -----------------------------------------------------------------------------
 
-def _build(kind: str, target: LoadedModel, n_heads: int, vocab_map: torch.Tensor | None, seed: int):
+def _build(kind: str, target: LoadedModel, n_heads: int, vocab_map: torch.Tensor | None, seed: int,
+           mlp_size: int | None = None):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if kind == "medusa":
             return MedusaHeads(target, n_heads, vocab_map)
-        return EagleHead(target, vocab_map)
+        return EagleHead(target, vocab_map, mlp_size)
 
 
 def draft_vocab(target: LoadedModel, data: Corpus, config: HeadConfig) -> torch.Tensor | None:
@@ -584,7 +592,7 @@ def train_heads(kind: str, target: LoadedModel, data: Corpus, *, minutes: float 
         _check_same_run(out, json.loads((out / "meta.json").read_text()), meta)
 
     vocab_map = draft_vocab(target, data, cfg)
-    module = _build(kind, target, cfg.n_heads, vocab_map, cfg.seed)
+    module = _build(kind, target, cfg.n_heads, vocab_map, cfg.seed, cfg.mlp_size if kind == "eagle" else None)
     params = [p for p in module.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     generator = torch.Generator().manual_seed(cfg.seed)
@@ -767,7 +775,8 @@ def load_heads(path_or_key: str | os.PathLike, target: LoadedModel) -> torch.nn.
     if kind not in KINDS:
         raise ValueError(f"{ckpt} holds heads of unknown kind {kind!r}; known kinds: {', '.join(KINDS)}")
     state = (saved.get("best") or {}).get("state") or saved["state"]  # early stopping's weights, if any
-    module = _build(kind, target, int(meta.get("n_heads") or 1), state.get("vocab_map"), 0)
+    mlp_size = (meta.get("config") or {}).get("mlp_size") if kind == "eagle" else None
+    module = _build(kind, target, int(meta.get("n_heads") or 1), state.get("vocab_map"), 0, mlp_size)
     module.load_state_dict(state)
     module.eval()
     return module

@@ -563,8 +563,10 @@ at::Tensor w4a8_token_linear(const at::Tensor& x, const at::Tensor& inv_smooth, 
 //
 // Rows: B sequences of N new tokens each, every one of which attends to all `held` cached
 // slots of its sequence and causally to the new ones (a plain decoding or catch-up
-// forward, not a tree). The new keys and values are written into the cache buffers at
-// slots [held, held + N), which must have room for them.
+// forward), or, given `allowed` (B, N, held + N) bool, to the slots it marks (a draft tree:
+// each node sees the context, its ancestors and itself; every row must mark one slot at
+// least). The new keys and values are written into the cache buffers at slots
+// [held, held + N), which must have room for them.
 
 // sum of a[i] * b[i] (eight partial sums, added pairwise at the end)
 float dot(const float* a, const float* b, int64_t k) {
@@ -602,7 +604,8 @@ at::Tensor w4a8_decoder_layer(const at::Tensor& h, const at::Tensor& keys, const
                               const at::Tensor& gate_up_weight, const std::optional<at::Tensor>& gate_up_bias,
                               const at::Tensor& down_smooth, const at::Tensor& down_weight,
                               const std::optional<at::Tensor>& down_bias, int64_t q_heads, int64_t kv_heads,
-                              int64_t head_dim, int64_t intermediate, double scaling, bool residual, bool use_vnni) {
+                              int64_t head_dim, int64_t intermediate, double scaling, bool residual, bool use_vnni,
+                              const std::optional<at::Tensor>& allowed) {
   TORCH_CHECK(h.dim() == 3 && h.scalar_type() == at::kFloat && h.device().is_cpu(),
               "w4a8_decoder_layer: h must be a float32 (B, N, E) CPU tensor");
   const int64_t b = h.size(0), n = h.size(1), e = h.size(2), d = head_dim, m = b * n;
@@ -621,6 +624,15 @@ at::Tensor w4a8_decoder_layer(const at::Tensor& h, const at::Tensor& keys, const
     TORCH_CHECK(w->dim() == 1 && w->size(0) == e && w->scalar_type() == at::kFloat && w->is_contiguous(),
                 "w4a8_decoder_layer: norm weights must be contiguous float32 (", e, ",)");
   }
+  at::Tensor mask;  // (B, N, held + N) bool, or undefined: causal
+  if (allowed.has_value()) {
+    TORCH_CHECK(allowed->dim() == 3 && allowed->scalar_type() == at::kBool && allowed->size(0) == b &&
+                    allowed->size(1) == n && allowed->size(2) == held + n && allowed->device().is_cpu(),
+                "w4a8_decoder_layer: allowed must be a bool (", b, ", ", n, ", ", held + n, ") CPU tensor");
+    mask = allowed->contiguous();
+    TORCH_CHECK(n == 0 || mask.any(2).all().item<bool>(), "w4a8_decoder_layer: a row of allowed marks no slot");
+  }
+  const bool* maskp = mask.defined() ? mask.data_ptr<bool>() : nullptr;
   const int64_t qd = q_heads * d, kd = kv_heads * d, group = q_heads / kv_heads;
   at::Tensor x = h.reshape({m, e}).contiguous();  // (M, E)
   at::Tensor c = cos.contiguous(), s = sin.contiguous();
@@ -659,7 +671,8 @@ at::Tensor w4a8_decoder_layer(const at::Tensor& h, const at::Tensor& keys, const
       std::memcpy(vp + row_b * vs0 + hk * vs1 + slot * vs2, row + qd + kd + hk * d, d * sizeof(float));
     }
   }
-  // Attention: query i of a sequence sees slots [0, held + i]; a softmax in float32.
+  // Attention: query i of a sequence sees slots [0, held + i] (or those `allowed` marks); a
+  // softmax in float32.
   at::Tensor att = at::empty({m, qd}, x.options());  // (M, heads * D), transformers' (B, N, heads, D)
   float* ap = att.data_ptr<float>();
   const float scale = static_cast<float>(scaling);
@@ -672,11 +685,12 @@ at::Tensor w4a8_decoder_layer(const at::Tensor& h, const at::Tensor& keys, const
         const float* kb = kp + row_b * ks0 + hk * ks1;
         const float* vb = vp + row_b * vs0 + hk * vs1;
         for (int64_t i = 0; i < n; ++i) {
-          const int64_t r = row_b * n + i, len = held + i + 1;
+          const int64_t r = row_b * n + i, len = maskp == nullptr ? held + i + 1 : held + n;
+          const bool* seen = maskp == nullptr ? nullptr : maskp + r * (held + n);  // (held + N,)
           const float* qr = qp + r * qd + hq * d;
           float top = -INFINITY;
           for (int64_t t = 0; t < len; ++t) {
-            score[t] = dot(qr, kb + t * ks2, d) * scale;
+            score[t] = seen != nullptr && !seen[t] ? -INFINITY : dot(qr, kb + t * ks2, d) * scale;
             top = std::max(top, score[t]);
           }
           float total = 0.0f;
@@ -688,6 +702,7 @@ at::Tensor w4a8_decoder_layer(const at::Tensor& h, const at::Tensor& keys, const
           for (int64_t j = 0; j < d; ++j) out[j] = 0.0f;
           for (int64_t t = 0; t < len; ++t) {
             const float p = score[t];
+            if (p == 0.0f) continue;  // a slot the row does not see
             const float* vr = vb + t * vs2;
             for (int64_t j = 0; j < d; ++j) out[j] += p * vr[j];
           }
@@ -725,7 +740,8 @@ TORCH_LIBRARY(specviz, m) {
         "Tensor input_norm, Tensor post_norm, float eps, Tensor qkv_smooth, Tensor qkv_weight, Tensor? qkv_bias, "
         "Tensor o_smooth, Tensor o_weight, Tensor? o_bias, Tensor gate_up_smooth, Tensor gate_up_weight, "
         "Tensor? gate_up_bias, Tensor down_smooth, Tensor down_weight, Tensor? down_bias, int q_heads, "
-        "int kv_heads, int head_dim, int intermediate, float scaling, bool residual, bool use_vnni=True) -> Tensor");
+        "int kv_heads, int head_dim, int intermediate, float scaling, bool residual, bool use_vnni=True, "
+        "Tensor? allowed=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specviz, CPU, m) {
