@@ -979,7 +979,8 @@ def test_eagle_head_in_integer_weight_modes(tiny_pair, trained, mode, layer):
 
 
 @pytest.mark.skipif(w4a8_token_op() is None, reason="the compiled operator is not available")
-def test_eagle_head_in_w4a8_token_runs_its_layer_as_one_call(tiny_pair, trained, monkeypatch):
+@pytest.mark.parametrize("context", [9, 20])  # the context fed in one call, or by the modules (over 16 positions)
+def test_eagle_head_in_w4a8_token_runs_its_layer_as_one_call(tiny_pair, trained, monkeypatch, context):
     head = trained["eagle"].heads
     fused = head.cast("w4a8-token", head_calibration(tiny_pair.target))
     assert fused._fused_params() is not None and head._fused_params() is None  # float32 heads run the modules
@@ -987,24 +988,25 @@ def test_eagle_head_in_w4a8_token_runs_its_layer_as_one_call(tiny_pair, trained,
     modules.fused_layer = False
     assert modules._fused_params() is None
     gen = torch.Generator().manual_seed(0)
-    ctx = torch.randint(0, head.vocab_size, (1, 9), generator=gen)
-    feats = torch.randn(1, 9, head.hidden_size, generator=gen)
+    ctx = torch.randint(0, head.vocab_size, (1, context), generator=gen)
+    feats = torch.randn(1, context, head.hidden_size, generator=gen)
     parents = [-1, -1, 0, 1, 2]
-    allowed = torch.zeros(1, len(parents), 9 + len(parents), dtype=torch.bool)
-    allowed[..., :9] = True
+    allowed = torch.zeros(1, len(parents), context + len(parents), dtype=torch.bool)
+    allowed[..., :context] = True
     for i, q in enumerate(parents):
-        allowed[0, i, 9 + i] = True
+        allowed[0, i, context + i] = True
         while q != -1:
-            allowed[0, i, 9 + q] = True
+            allowed[0, i, context + q] = True
             q = parents[q]
     nodes = torch.randint(0, head.vocab_size, (1, len(parents)), generator=gen)
     node_feats = torch.randn(1, len(parents), head.hidden_size, generator=gen)
-    node_pos = torch.tensor([[9, 9, 10, 10, 11]])
+    node_pos = context + torch.tensor([[0, 0, 1, 1, 2]])
     outs = {}
     for name, h in (("fused", fused), ("modules", modules)):
         cache = new_cache(h)
         with torch.no_grad():
-            first = h.step(feats, ctx, torch.arange(9)[None], cache, torch.ones(1, 9, 9, dtype=torch.bool).tril())
+            causal = torch.ones(1, context, context, dtype=torch.bool).tril()
+            first = h.step(feats, ctx, torch.arange(context)[None], cache, causal)
             if name == "fused":  # the layer's modules are not called
                 monkeypatch.setattr(h.layer, "forward", lambda *a, **k: pytest.fail("the modules ran"))
             second = h.step(node_feats, nodes, node_pos, cache, allowed)
@@ -1013,7 +1015,7 @@ def test_eagle_head_in_w4a8_token_runs_its_layer_as_one_call(tiny_pair, trained,
     for a, b in zip(outs["fused"][:2], outs["modules"][:2]):
         cos = torch.nn.functional.cosine_similarity(a, b, dim=-1)
         assert float(cos.min()) > 0.9999, cos  # rounding apart
-    assert outs["fused"][2] == outs["modules"][2] == 9 + len(parents)
+    assert outs["fused"][2] == outs["modules"][2] == context + len(parents)
     with torch.no_grad(), pytest.raises(ValueError, match="allowed covers"):
         fused.step(node_feats, nodes, node_pos, new_cache(fused), allowed)
     # drafting through it stays lossless

@@ -25,6 +25,10 @@ fused with one pass; three tokens 34.7, 29.8 and 24.7 ms. Its teacher-forced agr
 the ``w8a8-token`` target's continuations on the benchmark's seven prompts (64 tokens each,
 fed one at a time): 0.790, 0.790 and 0.797.
 
+The operator also takes a mask of the slots each new token sees, which is how a trained
+EAGLE head in ``w4a8-token`` (:class:`~specviz.heads.EagleHead`) feeds a draft tree's nodes
+through its one layer in one call each.
+
 A model is opted in with :func:`fuse_layers` (:func:`~specviz.models.loading.load_pair`
 does it for a draft loaded in ``w4a8-token``, with ``draft_layers``); then
 :func:`~specviz.models.kvcache.forward_tokens` runs its forwards through
