@@ -16,6 +16,7 @@ from specviz.models.fused import (FUSED_MAX_TOKENS, causal_over_cache, fuse_laye
 from specviz.models.kvcache import _direct_forward_supported, cache_length, crop_cache, forward_tokens, new_cache
 from specviz.models.loading import load_model
 from specviz.models.loading import tiny_pair as make_tiny_pair
+from specviz.tree.core import path_to, tree_attention_mask
 from specviz.tree.shapes import expansion
 
 pytestmark = pytest.mark.skipif(w4a8_token_op() is None, reason="the compiled operator is not available")
@@ -246,19 +247,10 @@ def test_the_operator_attends_where_allowed_marks(w4_pair):
                                rtol=0, atol=0)
     # a tree: 0 and 1 children of the context, 2 child of 0, 3 child of 2
     parents = [-1, -1, 0, 2]
-    tree = torch.zeros(1, n, held + n, dtype=torch.bool)
-    tree[..., :held] = True
-    for i, q in enumerate(parents):
-        tree[0, i, held + i] = True
-        while q != -1:
-            tree[0, i, held + q] = True
-            q = parents[q]
+    tree = tree_attention_mask(parents, held)[None]  # (1, n, held + n)
     got = run(list(range(n)), held + n, tree)
     for i in range(n):
-        path, q = [i], parents[i]
-        while q != -1:
-            path.insert(0, q)
-            q = parents[q]
+        path = path_to(parents, i)
         # the path's rows fed causally after the context: their keys and values sit in slots held...
         k = torch.cat([keys[:, :, :held], keys[:, :, [held + j for j in path]]], dim=2)
         v = torch.cat([values[:, :, :held], values[:, :, [held + j for j in path]]], dim=2)

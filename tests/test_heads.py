@@ -74,7 +74,7 @@ from specviz.models.weights import Int4Linear, Int8Linear, SharedInputSlice, W8A
 from specviz.sampling import GREEDY, SamplingConfig
 from specviz.study.prompts import DEFAULT_PROMPTS_PATH, load_prompts
 from specviz.study.store import ResultStore
-from specviz.tree.core import pad_trees
+from specviz.tree.core import pad_trees, tree_attention_mask
 from specviz.tree.shapes import chain, from_paths, kary
 
 PROMPTS = ("def fizzbuzz(n):", "What is 17 * 23? Think step by step.",
@@ -984,6 +984,10 @@ def test_eagle_head_in_w4a8_token_runs_its_layer_as_one_call(tiny_pair, trained,
     head = trained["eagle"].heads
     fused = head.cast("w4a8-token", head_calibration(tiny_pair.target))
     assert fused._fused_params() is not None and head._fused_params() is None  # float32 heads run the modules
+    handle = fused.layer.mlp.register_forward_hook(lambda *a: None)
+    assert fused._fused_params() is None  # a hooked layer runs its modules, hook and all ...
+    handle.remove()
+    assert fused._fused_params() is not None  # ... and one call again without it
     modules = copy.copy(fused)
     modules.fused_layer = False
     assert modules._fused_params() is None
@@ -991,13 +995,7 @@ def test_eagle_head_in_w4a8_token_runs_its_layer_as_one_call(tiny_pair, trained,
     ctx = torch.randint(0, head.vocab_size, (1, context), generator=gen)
     feats = torch.randn(1, context, head.hidden_size, generator=gen)
     parents = [-1, -1, 0, 1, 2]
-    allowed = torch.zeros(1, len(parents), context + len(parents), dtype=torch.bool)
-    allowed[..., :context] = True
-    for i, q in enumerate(parents):
-        allowed[0, i, context + i] = True
-        while q != -1:
-            allowed[0, i, context + q] = True
-            q = parents[q]
+    allowed = tree_attention_mask(parents, context)[None]  # (1, n, context + n)
     nodes = torch.randint(0, head.vocab_size, (1, len(parents)), generator=gen)
     node_feats = torch.randn(1, len(parents), head.hidden_size, generator=gen)
     node_pos = context + torch.tensor([[0, 0, 1, 1, 2]])

@@ -373,10 +373,11 @@ class EagleHead(_ScoredVocab):
         if found is not None and _unchanged(found[0], [self.layer]):
             return found[1]
         recorded = ([self.layer], _layer_modules([self.layer]))
+        if any(_has_hooks(m) for m in recorded[1][0] + [m for m, _ in recorded[1][1]]):
+            return None  # not recorded: the layer runs one call again once the hook is removed
         params = None
         if (weight_mode_of(self.layer) == "w4a8-token" and fusable("w4a8-token", self._layer_param().device)
-                and getattr(self.config, "hidden_act", "silu") == "silu"
-                and not any(_has_hooks(m) for m in recorded[1][0] + [m for m, _ in recorded[1][1]])):
+                and getattr(self.config, "hidden_act", "silu") == "silu"):
             found_params = _layer_params(self.layer, self.config)
             params = None if isinstance(found_params, str) else found_params
         self.__dict__["_fused"] = (recorded, params)
