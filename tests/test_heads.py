@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 import torch
+import torch.nn.functional as F
 
 import specviz.heads.corpus as corpus_module
 import specviz.heads.drafters as drafters_module
@@ -528,6 +529,72 @@ def test_eagle_soft_labels_are_the_targets_distribution_from_its_next_feature(ti
             terms.append(float(-(teacher * logp[r, i]).sum()))
     assert float(soft) == pytest.approx(sum(terms) / len(terms), rel=1e-5)
     assert float(soft) != pytest.approx(float(hard), rel=1e-3)
+
+
+def test_eagle_rollout_trains_deeper_depths_on_the_heads_own_predictions_as_drafting_runs_them(tiny_pair, corpus):
+    target = tiny_pair.target
+    feats = [target_features(target, s) for s in corpus.sequences]
+    head = _perturbed(EagleHead.from_target(target)).eval()
+    s = 1
+    a, b = corpus.prompt_lengths[s] - 2, min(corpus.prompt_lengths[s] + 10, len(corpus.sequences[s]) - 1)
+    batch = training._eagle_batch(feats, corpus, [(s, a, b)])
+    inputs, tokens, positions, valid, targets, labels = batch
+    only_reg = HeadConfig(regression_weight=1.0, classification_weight=0.0, noise=0.0)
+    with torch.no_grad():
+        one, right1, count1 = training._eagle_loss(head, batch, only_reg, None)
+        three, right3, count3 = training._eagle_loss(head, batch, dataclasses.replace(only_reg, rollout=3), None)
+        decayed, _, _ = training._eagle_loss(head, batch, dataclasses.replace(only_reg, rollout=3, rollout_decay=0.5),
+                                             None)
+        # what drafting computes: the true context in the cache, then a chain fed with the head's own predictions
+        first = head(inputs, tokens, positions, valid)[0]  # (W, H) depth 1 at every position
+        terms = {1: [], 2: [], 3: []}
+        for j in range(b - a):
+            terms[1].append(F.smooth_l1_loss(first[j], targets[0, j], reduction="sum"))
+            for depth in (2, 3):
+                if j < depth - 1:
+                    continue
+                start = j - depth + 1  # the last position whose true feature the chain starts from
+                cache = new_cache(head)
+                held = start + 1
+                causal = torch.ones(held, held, dtype=torch.bool).tril()[None]
+                pred = head.step(inputs[:, :held], tokens[:, :held], positions[:, :held], cache, causal)[:, -1:]
+                for k in range(start + 1, j + 1):
+                    seen = torch.ones(1, 1, held + 1, dtype=torch.bool)
+                    pred = head.step(pred, tokens[:, k:k + 1], positions[:, k:k + 1], cache, seen)
+                    held += 1
+                terms[depth].append(F.smooth_l1_loss(pred[0, 0], targets[0, j], reduction="sum"))
+    hidden = inputs.shape[-1]
+    means = {d: float(sum(t)) / (len(t) * hidden) for d, t in terms.items()}
+    assert float(one) == pytest.approx(means[1], rel=1e-4)
+    assert float(three) == pytest.approx(sum(means.values()) / 3, rel=1e-4)
+    assert float(decayed) == pytest.approx((means[1] + 0.5 * means[2] + 0.25 * means[3]) / 1.75, rel=1e-4)
+    assert means[2] != pytest.approx(means[1], rel=1e-3)  # the deeper depths are other terms
+    assert (right1, count1) == (right3, count3)  # the accuracy counted is depth 1's
+    mask = training._rollout_mask(torch.ones(1, 4, dtype=torch.bool), 2)[0].int()
+    assert mask.tolist() == [[0, 0, 0, 0, 1, 0, 0, 0], [1, 0, 0, 0, 0, 1, 0, 0], [1, 1, 0, 0, 0, 0, 1, 0],
+                             [1, 1, 1, 0, 0, 0, 0, 1]]
+
+
+def test_eagle_head_trained_with_a_rollout(tiny_pair, corpus, tmp_path):
+    cfg = dataclasses.replace(SMALL, rollout=2, validation=0.2)
+    result = train_heads("eagle", tiny_pair.target, corpus, steps=STEPS, config=cfg, out_dir=tmp_path / "rollout",
+                         progress=False)
+    losses = [loss for _, loss, _ in result.history]
+    assert all(math.isfinite(x) for x in losses) and _mean(losses[-5:]) < _mean(losses[:5])
+    assert json.loads((result.path / "meta.json").read_text())["config"]["rollout"] == 2
+    assert cfg.key_fields("eagle")["rollout"] == 2 and "rollout" not in SMALL.key_fields("eagle")
+    assert "rollout" not in cfg.key_fields("medusa")
+    loaded = load_heads(result.path, tiny_pair.target)
+    plain = plain_generate(tiny_pair.target, PROMPTS[1], max_new_tokens=24, chat=False)
+    drafter = EagleDrafter(tiny_pair.target, loaded, topk=2, depth=3, budget=6)
+    spec = speculative_generate(tiny_pair.target, drafter, PROMPTS[1], max_new_tokens=24, chat=False)
+    assert spec.output_ids == plain.output_ids
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="rollout"):
+            HeadConfig(rollout=bad)
+    with pytest.raises(ValueError, match="rollout_decay"):
+        HeadConfig(rollout=2, rollout_decay=-0.5)
+    assert "rollout_decay" not in HeadConfig(rollout_decay=0.5).key_fields("eagle")  # no deeper depth to weight
 
 
 def test_validation_split():
@@ -1160,6 +1227,8 @@ def test_cli_tiny_train_and_info(tmp_path, cache, capsys):
     (["train", "--kind", "medusa", "--tiny", "--steps", "1", "--validation", "1.5"], "validation must be a share"),
     (["train", "--kind", "medusa", "--tiny", "--steps", "1", "--soft-labels", "1.5"], "--soft-labels must be a share"),
     (["train", "--kind", "eagle", "--tiny", "--steps", "1", "--mlp-size", "0"], "--mlp-size must be a positive"),
+    (["train", "--kind", "eagle", "--tiny", "--steps", "1", "--rollout", "0"], "--rollout must be a positive"),
+    (["train", "--kind", "eagle", "--tiny", "--steps", "1", "--rollout-decay", "-1"], "--rollout-decay must be"),
     (["info", "/nonexistent/heads"], "no training result at /nonexistent/heads"),
     ([], "give a command"),
 ])

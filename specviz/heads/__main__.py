@@ -78,6 +78,11 @@ def _parser() -> argparse.ArgumentParser:
                         "data's tokens (0 to 1; default 0)")
     t.add_argument("--mlp-size", type=int, metavar="N",
                    help="EAGLE: width of the head layer's MLP (default: the target's; narrower drafts cheaper)")
+    t.add_argument("--rollout", type=int, default=1, metavar="D",
+                   help="EAGLE: draft depths trained, the deeper ones on the head's own predicted features "
+                        "(default 1: true features only)")
+    t.add_argument("--rollout-decay", type=float, default=1.0, metavar="X",
+                   help="EAGLE: weight of each deeper depth's loss relative to the one above (default 1)")
     t.add_argument("--seed", type=int, default=0, help="prompt choice, sampling and initialisation seed")
     t.add_argument("--dtype", default="fp32", help="weight mode of the target (default fp32)")
     t.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -125,11 +130,16 @@ def _train(args) -> int:
         raise _UsageError(f"--soft-labels must be a share from 0 to 1, got {args.soft_labels}")
     if args.mlp_size is not None and args.mlp_size < 1:
         raise _UsageError(f"--mlp-size must be a positive integer, got {args.mlp_size}")
+    if args.rollout < 1:
+        raise _UsageError(f"--rollout must be a positive integer, got {args.rollout}")
+    if not args.rollout_decay >= 0:
+        raise _UsageError(f"--rollout-decay must be >= 0, got {args.rollout_decay}")
     target = tiny_pair(seed=0).target if args.tiny else load_model(args.target, args.dtype)
     precision = training_precision(target.device) if args.precision == "auto" else args.precision
     config = HeadConfig(n_heads=args.heads, vocab=args.vocab, lr=args.lr, batch_size=args.batch, window=args.window,
                         seed=args.seed, validation=args.validation, precision=precision,
-                        soft_labels=args.soft_labels, mlp_size=args.mlp_size)
+                        soft_labels=args.soft_labels, mlp_size=args.mlp_size, rollout=args.rollout,
+                        rollout_decay=args.rollout_decay)
     if args.vocab is not None and args.vocab > target.vocab_size:
         raise _UsageError(f"--vocab {args.vocab} is larger than {target.name}'s vocabulary ({target.vocab_size})")
     new_tokens = args.new_tokens if args.new_tokens is not None else (32 if args.tiny else 192)

@@ -364,24 +364,21 @@ class EagleHead(_ScoredVocab):
         (:mod:`specviz.models.fused`), or None where it cannot run it: the layer is not in
         ``w4a8-token`` on the CPU with the compiled operator, has a forward hook, or
         :attr:`fused_layer` is off. Recorded per layer object and its modules."""
-        from specviz.models.fused import _layer_params, fusable
-        from specviz.models.kvcache import _has_hooks, _layer_modules, _unchanged
+        from specviz.models.fused import fusable, layers_params
 
         if not self.fused_layer or self.training:
             return None
-        found = self.__dict__.get("_fused")
-        if found is not None and _unchanged(found[0], [self.layer]):
-            return found[1]
-        recorded = ([self.layer], _layer_modules([self.layer]))
-        if any(_has_hooks(m) for m in recorded[1][0] + [m for m, _ in recorded[1][1]]):
-            return None  # not recorded: the layer runs one call again once the hook is removed
-        params = None
-        if (weight_mode_of(self.layer) == "w4a8-token" and fusable("w4a8-token", self._layer_param().device)
-                and getattr(self.config, "hidden_act", "silu") == "silu"):
-            found_params = _layer_params(self.layer, self.config)
-            params = None if isinstance(found_params, str) else found_params
-        self.__dict__["_fused"] = (recorded, params)
-        return params
+
+        def refuse() -> str | None:
+            if weight_mode_of(self.layer) != "w4a8-token" or not fusable("w4a8-token", self._layer_param().device):
+                return "the layer is not in w4a8-token on the CPU with the compiled operator"
+            act = getattr(self.config, "hidden_act", "silu")
+            return None if act == "silu" else f"its activation is {act}, not silu"
+
+        recorded, params = layers_params([self.layer], self.config, self.__dict__.get("_fused"), refuse)
+        if recorded is not None:  # a float head is not scanned again every step; a hooked one is
+            self.__dict__["_fused"] = (recorded, params)
+        return None if isinstance(params, str) else params[0]
 
     def step(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, cache,
              allowed: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,8 @@ smooth-L1 between predicted and true next features plus ``classification_weight`
 cross-entropy of the LM head on the predicted feature against the target's next token.
 Labels come only from continuation tokens (the target's own output), never from prompts;
 the EAGLE head's input features get uniform noise of ``noise`` x their RMS, so that it
-learns to continue from its own slightly wrong predictions.
+learns to continue from its own slightly wrong predictions, and with ``rollout`` > 1 it
+is also trained on its own predictions, as a draft's deeper nodes feed it.
 
 Dimension legend: B = batch windows, W = window positions, H = hidden size, K = Medusa
 heads, V = scored vocabulary.
@@ -105,6 +106,16 @@ class HeadConfig:
         noise: EAGLE: uniform noise on input features, relative to each feature's RMS.
         mlp_size: EAGLE: the width of the head layer's MLP (None: the target's own
             ``intermediate_size``); narrower drafts cheaper (:class:`~specviz.heads.EagleHead`).
+        rollout: EAGLE: the draft depths trained. 1 trains every position on the target's
+            true features (EAGLE-1). With ``d`` > 1 each step also runs the head ``d - 1``
+            more times on its own predictions, as a draft tree's deeper nodes do: at depth
+            ``k`` a position's input is the head's depth ``k - 1`` prediction of its feature,
+            and it attends to the true features up to ``k - 1`` positions back and to its
+            own chain of predictions since (the "training-time test" of HASS and EAGLE-3).
+            The depths' losses are averaged, depth ``k``'s weighted ``rollout_decay ** (k - 1)``;
+            a step costs about ``d`` times as much.
+        rollout_decay: EAGLE: the weight of each deeper depth's loss relative to the one
+            above it (with ``rollout`` > 1).
         soft_labels: the share of the classification loss taken against the target's own
             distribution of the drafted position (its frozen LM head on its feature of the
             position before, over the scored vocabulary) instead of the token the data
@@ -143,6 +154,8 @@ class HeadConfig:
     classification_weight: float = 0.1
     noise: float = 0.1
     mlp_size: int | None = None
+    rollout: int = 1
+    rollout_decay: float = 1.0
     soft_labels: float = 0.0
     grad_clip: float = 0.5
     seed: int = 0
@@ -161,13 +174,14 @@ class HeadConfig:
         check_int("window", self.window)
         check_int("seed", self.seed, 0)
         check_int("eval_every", self.eval_every)
+        check_int("rollout", self.rollout, note="(1 = trained on the target's true features only)")
         if self.mlp_size is not None:
             check_int("mlp_size", self.mlp_size, note="(or None for the target's MLP width)")
         if (isinstance(self.validation, bool) or not isinstance(self.validation, (int, float))
                 or not 0 <= self.validation < 1):
             raise ValueError(f"validation must be a share in [0, 1), got {self.validation!r}")
         for name in ("lr", "weight_decay", "head_decay", "regression_weight", "classification_weight", "noise",
-                     "soft_labels", "grad_clip", "checkpoint_minutes"):
+                     "soft_labels", "grad_clip", "checkpoint_minutes", "rollout_decay"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
                 raise ValueError(f"{name} must be a number >= 0, got {value!r}")
@@ -186,13 +200,16 @@ class HeadConfig:
         """The settings that change a ``kind`` result (those its cache key hashes)."""
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.compare}
         drop = ("n_heads", "head_decay") if kind == "eagle" else ("regression_weight", "classification_weight",
-                                                                  "noise", "mlp_size")
+                                                                  "noise", "mlp_size", "rollout",
+                                                                  "rollout_decay")
         if self.precision == "fp32":  # results trained before the setting existed keep their key
             drop += ("precision",)
         if self.soft_labels == 0:  # likewise
             drop += ("soft_labels",)
         if self.mlp_size is None:  # likewise
             drop += ("mlp_size",)
+        if self.rollout == 1:  # likewise
+            drop += ("rollout", "rollout_decay")
         return {k: v for k, v in out.items() if k not in drop}
 
 
@@ -433,30 +450,64 @@ def _medusa_loss(heads: MedusaHeads, feats: torch.Tensor, labels: torch.Tensor,
     return total / weights, correct, counted
 
 
+def _rollout_mask(valid: torch.Tensor, depth: int) -> torch.Tensor:
+    """``(B, W, depth x W)`` which slots the positions of draft depth ``depth`` (>= 2) may
+    attend to, the slots being the depth-1 pass's positions and then each deeper pass's:
+    position ``j`` sees the true-feature positions up to ``j - depth + 1`` (valid ones) and
+    the position of its own chain in every deeper pass (``j - depth + r`` in pass ``r``),
+    itself included."""
+    b, w = valid.shape
+    j = torch.arange(w, device=valid.device)
+    parts = [(j[None, :] <= j[:, None] - depth + 1)[None] & valid[:, None, :]]  # (B, W, W) depth 1
+    for r in range(2, depth + 1):
+        parts.append((j[None, :] == j[:, None] - depth + r)[None].expand(b, w, w))
+    return torch.cat(parts, dim=-1)
+
+
 def _eagle_loss(head: EagleHead, batch, config: HeadConfig, generator: torch.Generator | None
                 ) -> tuple[torch.Tensor, int, int]:
-    """The EAGLE loss, and the right next-token guesses and labels (no input noise
-    without a generator)."""
+    """The EAGLE loss (a weighted mean over :attr:`HeadConfig.rollout` draft depths), and the
+    depth-1 right next-token guesses and labels (no input noise without a generator)."""
+    from specviz.models.kvcache import new_cache
     inputs, tokens, positions, valid, targets, labels = batch
     if config.noise > 0 and generator is not None:
         rms = inputs.pow(2).mean(-1, keepdim=True).sqrt()  # (B, W, 1)
         inputs = inputs + (torch.rand(inputs.shape, generator=generator) * 2 - 1) * config.noise * rms
     device = head.fc.weight.device
-    pred = head(inputs.to(device), tokens.to(device), positions.to(device), valid.to(device))  # (B, W, H)
-    ok = valid.to(device)
-    reg = F.smooth_l1_loss(pred[ok], targets.to(device)[ok])
-    lab = head.label_index(labels.to(device)).reshape(-1)
-    loss = config.regression_weight * reg
-    count = int((lab != -100).sum())
-    if count == 0:
-        return loss, 0, 0
-    logits = head.scores(pred).reshape(lab.numel(), -1)  # (B * W, V)
+    tokens, positions, ok = tokens.to(device), positions.to(device), valid.to(device)
+    targets = targets.to(device)
+    lab = head.label_index(labels.to(device))  # (B, W)
     teacher = None
     if config.soft_labels:
         with torch.no_grad():  # the target's logits from its own next feature
-            teacher = head.scores(targets.to(device)).reshape(lab.numel(), -1)
-    loss = loss + config.classification_weight * _classification(logits, lab, teacher, config.soft_labels)
-    return loss, int((logits.argmax(-1) == lab).sum()), count
+            teacher = head.scores(targets)  # (B, W, V)
+    depths = config.rollout
+    cache = new_cache(head) if depths > 1 else None
+    causal = torch.ones(tokens.shape[1], tokens.shape[1], dtype=torch.bool, device=device).tril()
+    allowed = (causal[None] & ok[:, None, :]) | torch.eye(tokens.shape[1], dtype=torch.bool, device=device)
+    pred = head.step(inputs.to(device), tokens, positions, cache, allowed)  # (B, W, H)
+    loss, right, count, weights = 0.0, 0, 0, 0.0
+    for depth in range(1, depths + 1):
+        if depth > 1:  # each position's input: the previous depth's prediction of its feature
+            fed = torch.cat([pred[:, :1], pred[:, :-1]], dim=1)
+            pred = head.step(fed, tokens, positions, cache, _rollout_mask(ok, depth))
+        rows = ok.clone()
+        rows[:, :depth - 1] = False  # no true feature depth - 1 positions back
+        term = config.regression_weight * F.smooth_l1_loss(pred[rows], targets[rows]) if rows.any() else 0.0
+        depth_lab = torch.where(rows, lab, -100).reshape(-1)
+        n = int((depth_lab != -100).sum())
+        if n:
+            logits = head.scores(pred).reshape(depth_lab.numel(), -1)  # (B * W, V)
+            wanted = None if teacher is None else teacher.reshape(depth_lab.numel(), -1)
+            term = term + config.classification_weight * _classification(logits, depth_lab, wanted,
+                                                                         config.soft_labels)
+            if depth == 1:
+                right, count = int((logits.argmax(-1) == depth_lab).sum()), n
+        weight = config.rollout_decay ** (depth - 1)
+        loss, weights = loss + weight * term, weights + weight
+    if not torch.is_tensor(loss):
+        loss = torch.zeros((), device=device, requires_grad=True)
+    return loss / weights, right, count
 
 
 def _batch_loss(kind: str, module, feats: list[torch.Tensor], data: Corpus, wins, cfg: HeadConfig,

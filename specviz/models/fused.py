@@ -155,11 +155,41 @@ def _layer_params(layer, config) -> tuple | str:
             heads, kv_heads, attn.head_dim, down.in_features, float(attn.scaling), bool(qkv.residual))
 
 
+def layers_params(layers, config, found=None, refuse=None) -> tuple:
+    """The operator's arguments for each of ``layers``, looked up in ``found`` (a result of
+    an earlier call) while the layers are the same objects with the same modules; otherwise
+    ``refuse()`` (if given: why the operator may not run them, or None) and then the layers
+    are read.
+
+    Returns:
+        ``(recorded, params)``: ``params`` is a list of every layer's arguments or, where the
+        operator cannot run them, a string saying why; ``recorded`` is what the result
+        stands for (keep ``(recorded, params)`` as the next call's ``found``), or None while
+        a module inside the layers has a forward hook: that result is not to be kept, so
+        that the layers run as one call again once the hook is removed.
+    """
+    from specviz.models.kvcache import _has_hooks, _layer_modules, _unchanged
+    if found is not None and _unchanged(found[0], layers):  # the same modules, no hook added
+        return found
+    recorded = (list(layers), _layer_modules(layers))
+    if any(_has_hooks(m) for m in recorded[1][0] + [p for p, _ in recorded[1][1]]):
+        return None, "a module inside its layers has a forward hook"
+    reason = None if refuse is None else refuse()
+    if reason is not None:
+        return recorded, reason
+    params = []
+    for layer in layers:
+        p = _layer_params(layer, config)
+        if isinstance(p, str):
+            return recorded, p
+        params.append(p)
+    return recorded, params
+
+
 def _model_params(model) -> list[tuple] | str:
     """Every decoder layer's operator arguments (kept with the model while its layers are
     the same objects), or why the fused layers cannot run this model."""
-    from specviz.models.kvcache import (DIRECT_FORWARD_CLASSES, _direct_forward_supported, _has_hooks, _layer_modules,
-                                        _unchanged)
+    from specviz.models.kvcache import DIRECT_FORWARD_CLASSES, _direct_forward_supported
     if type(model).__name__ not in DIRECT_FORWARD_CLASSES:
         return f"{type(model).__name__} is not one of {DIRECT_FORWARD_CLASSES}"
     if not _direct_forward_supported(model):
@@ -169,20 +199,10 @@ def _model_params(model) -> list[tuple] | str:
     config = model.config
     if getattr(config, "hidden_act", "silu") != "silu":
         return f"its activation is {config.hidden_act}, not silu"
-    layers = list(model.model.layers[: config.num_hidden_layers])
-    found = _params.get(model)
-    if found is not None and _unchanged(found[0], layers):  # the same modules, no hook added
-        return found[1]
-    recorded = (layers, _layer_modules(layers))
-    if any(_has_hooks(m) for m in recorded[1][0] + [p for p, _ in recorded[1][1]]):
-        return "a module inside its layers has a forward hook"
-    params = []
-    for layer in layers:
-        p = _layer_params(layer, config)
-        if isinstance(p, str):
-            return p
-        params.append(p)
-    _params[model] = (recorded, params)
+    recorded, params = layers_params(list(model.model.layers[: config.num_hidden_layers]), config,
+                                     _params.get(model))
+    if recorded is not None and not isinstance(params, str):  # a model that cannot run fused is checked again
+        _params[model] = (recorded, params)
     return params
 
 
