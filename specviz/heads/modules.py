@@ -422,16 +422,17 @@ class EagleHead(_ScoredVocab):
         return out[0] if isinstance(out, tuple) else out
 
     def forward(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
-                valid: torch.Tensor | None = None) -> torch.Tensor:
+                valid: torch.Tensor | None = None, cache=None) -> torch.Tensor:
         """A training window: ``(B, T, H)`` features, ``(B, T)`` next tokens and positions,
         causal attention (restricted to ``valid`` ``(B, T)`` positions when given) ->
-        ``(B, T, H)`` predicted next features."""
+        ``(B, T, H)`` predicted next features; with an empty ``cache`` the window's keys and
+        values stay in it (for passes that attend to them)."""
         b, t = tokens.shape
         allowed = torch.ones(t, t, dtype=torch.bool, device=tokens.device).tril().expand(b, t, t)  # (B, T, T)
         if valid is not None:
             allowed = allowed & valid[:, None, :]
             allowed = allowed | torch.eye(t, dtype=torch.bool, device=tokens.device)  # padding sees itself
-        return self.step(features, tokens, positions, None, allowed)
+        return self.step(features, tokens, positions, cache, allowed)
 
 
 def reduced_vocab(sequences: Iterable[Sequence[int]], size: int, always: Iterable[int] = (),

@@ -483,9 +483,7 @@ def _eagle_loss(head: EagleHead, batch, config: HeadConfig, generator: torch.Gen
             teacher = head.scores(targets)  # (B, W, V)
     depths = config.rollout
     cache = new_cache(head) if depths > 1 else None
-    causal = torch.ones(tokens.shape[1], tokens.shape[1], dtype=torch.bool, device=device).tril()
-    allowed = (causal[None] & ok[:, None, :]) | torch.eye(tokens.shape[1], dtype=torch.bool, device=device)
-    pred = head.step(inputs.to(device), tokens, positions, cache, allowed)  # (B, W, H)
+    pred = head(inputs.to(device), tokens, positions, ok, cache)  # (B, W, H)
     loss, right, count, weights = 0.0, 0, 0, 0.0
     for depth in range(1, depths + 1):
         if depth > 1:  # each position's input: the previous depth's prediction of its feature
