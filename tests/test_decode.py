@@ -52,6 +52,8 @@ DRAFTERS = {
     "ngram": lambda p: NgramDrafter(n=2, k=4),
     "ngram_trie": lambda p: NgramTrieDrafter(n=2, depth=4, budget=8),
     "merged": lambda p: MergedDrafter([ChainDrafter(p.draft, 3), NgramDrafter(n=2, k=3)]),
+    "merged_budget": lambda p: MergedDrafter([NgramDrafter(n=2, k=3), DynamicTreeDrafter(p.draft, topk=3, depth=4,
+                                                                                          budget=10)], budget=6),
     "fallback": lambda p: FallbackDrafter([NgramDrafter(n=2, k=3, min_n=2), ChainDrafter(p.draft, 2)]),
     # fixed costs: a replay (which times nothing) drafts as the live run does
     "ngram_adaptive": lambda p: AdaptiveNgramDrafter(n=2, k_max=4, costs=[1.0, 1.2, 1.4, 1.9, 2.3]),
@@ -193,7 +195,8 @@ def test_batch_rows_equal_single_runs_sampling(tiny_pair, verifier):
 # -- replay -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["chain4", "kary2x3", "paths", "dynamic", "adaptive_heuristic",
-                                  "adaptive_throughput", "ngram", "ngram_trie", "merged", "fallback", "ngram_adaptive"])
+                                  "adaptive_throughput", "ngram", "ngram_trie", "merged", "merged_budget", "fallback",
+                                  "ngram_adaptive"])
 def test_replay_gives_the_live_per_step_acceptance(tiny_pair, name):
     target = tiny_pair.target
     for prompt in PROMPTS[:2]:

@@ -330,6 +330,44 @@ def test_merged_drafter_shares_prefixes_and_labels_sources(tiny_pair, context):
         merged.draft(torch.tensor(context), SAMPLED, "iid", make_generator(0))
 
 
+def test_budgeted_merge_shares_the_budget_in_order(tiny_pair, context):
+    ctx = torch.tensor(context)
+    lookup = NgramDrafter(n=2, k=3)
+    dynamic = DynamicTreeDrafter(tiny_pair.draft, topk=3, depth=4, budget=10)
+    merged = MergedDrafter([lookup, dynamic], budget=6)
+    assert merged.name == "merged(n=6:ngram(n=2,k=3)+dynamic(k=3,d=4,n=10))"
+    first = lookup.draft(ctx, GREEDY, "greedy", None)
+    assert first.budget > 0  # the context repeats itself: the lookup proposes
+    tree = merged.draft(ctx, GREEDY, "greedy", None)
+    assert tree.budget <= 6 and dynamic.budget == 10  # the part's own budget is back after the step
+    # the dynamic tree was grown to what the lookup left, so it keeps its own best nodes
+    rest = DynamicTreeDrafter(tiny_pair.draft, topk=3, depth=4, budget=6 - first.budget).draft(ctx, GREEDY, "greedy",
+                                                                                              None)
+
+    def token_paths(t):
+        return {tuple(_path_tokens(t, i)) for i in range(t.n_nodes)}
+
+    assert token_paths(tree) == token_paths(first) | token_paths(rest)
+    # where the lookup finds nothing, the dynamic tree takes the whole budget
+    silent = torch.tensor(list(range(40, 60)))
+    alone = DynamicTreeDrafter(tiny_pair.draft, topk=3, depth=4, budget=6).draft(silent, GREEDY, "greedy", None)
+    assert lookup.draft(silent, GREEDY, "greedy", None).budget == 0
+    assert token_paths(merged.draft(silent, GREEDY, "greedy", None)) == token_paths(alone)
+    # a part without a budget of its own is cut to its first nodes; a part left nothing does not draft
+    cut = MergedDrafter([ChainDrafter(tiny_pair.draft, 4), NgramDrafter(n=2, k=3)], budget=2).draft(
+        ctx, GREEDY, "greedy", None)
+    chain4 = ChainDrafter(tiny_pair.draft, 4).draft(ctx, GREEDY, "greedy", None)
+    assert cut.tokens.tolist() == chain4.tokens[:3].tolist() and cut.parents.tolist() == [-1, 0, 1]
+    # without a budget, every part's whole tree
+    whole = MergedDrafter([lookup, dynamic]).draft(ctx, GREEDY, "greedy", None)
+    assert whole.budget > 6
+    twin = merged.spawn()
+    assert twin.budget == 6 and twin.drafters[1] is not dynamic and twin.name == merged.name
+    for bad in (0, -1, 2.5, "6"):
+        with pytest.raises(ValueError, match="budget"):
+            MergedDrafter([lookup, dynamic], budget=bad)
+
+
 def test_spawn_gives_independent_state(tiny_pair, context):
     drafter = ChainDrafter(tiny_pair.draft, 3)
     drafter.draft(torch.tensor(context), GREEDY, "greedy", None)

@@ -49,6 +49,7 @@ from specviz.heads import (
     features_dir,
     find_heads,
     head_accuracy,
+    head_drafter,
     head_calibration,
     heads_dir,
     heads_validation,
@@ -901,6 +902,9 @@ def _drafters(tiny_pair, trained):
         "merged-medusa-ngram": MergedDrafter([MedusaDrafter(target, medusa, kary(2, 2)), NgramDrafter(n=2, k=4)]),
         "merged-eagle-medusa": MergedDrafter([EagleDrafter(target, eagle, topk=2, depth=3, budget=6),
                                               MedusaDrafter(target, medusa, kary(2, 2))]),
+        # a shared budget: the lookup's chain first, the EAGLE tree grown to what it leaves (none, at times)
+        "merged-budget-ngram-eagle": MergedDrafter([NgramDrafter(n=2, k=4),
+                                                    EagleDrafter(target, eagle, topk=3, depth=4, budget=10)], budget=4),
     }
 
 
@@ -952,6 +956,31 @@ def test_drafts_without_the_engine_equal_drafts_in_it(tiny_pair, trained, monkey
         drafters["medusa"].provide_features([1, 2, 3], torch.zeros(2, 64))
 
 
+def test_a_merged_tree_hands_provided_features_to_its_head(tiny_pair, trained, monkeypatch):
+    """A replay of a budgeted merge of prompt lookup and an EAGLE tree drafts the live run's
+    trees from features provided once, through the composite, with no target forward."""
+    from functools import partial
+
+    from specviz.draft.merged import merged_drafter
+    prompt = "the cat and the dog and the cat and the dog and the"
+    make = partial(merged_drafter, parts=[partial(build_drafter, parse_strategy("ngram-n2-k3")),
+                                          partial(head_drafter, path=trained["eagle"].path, topk=3, depth=3,
+                                                  budget=8)], budget=5)
+    live = speculative_generate(tiny_pair.target, make(tiny_pair), prompt, max_new_tokens=16, stop_at_eos=False,
+                                chat=False)
+    ref = plain_generate(tiny_pair.target, prompt, max_new_tokens=16, stop_at_eos=False, chat=False)
+    assert live.output_ids == ref.output_ids
+    drafter = make(tiny_pair)
+    assert drafter.budget == 5 and drafter.name.startswith("merged(n=5:ngram(n=2,k=3)+eagle(k=3,d=3,n=8")
+    sequence = list(ref.prompt_ids) + list(ref.output_ids)
+    drafter.provide_features(sequence, target_features(tiny_pair.target, sequence))
+    monkeypatch.setattr(drafters_module, "target_features", _no_target_forward)
+    replayed = replay_acceptance(tiny_pair.target, drafter, ref, stop_at_eos=False)
+    assert [s.tree.tokens.tolist() for s in replayed.steps] == [s.tree.tokens.tolist() for s in live.steps]
+    with pytest.raises(ValueError, match="at least one part"):
+        merged_drafter(tiny_pair, [])
+
+
 def _no_target_forward(*args, **kwargs):
     raise AssertionError("the drafter ran the target although its features were provided")
 
@@ -959,9 +988,17 @@ def _no_target_forward(*args, **kwargs):
 def test_merged_trees_hand_the_heads_the_engines_hidden_states(tiny_pair, trained, monkeypatch):
     drafters = _drafters(tiny_pair, trained)
     monkeypatch.setattr(drafters_module, "target_features", _no_target_forward)  # only the engine's states
-    for name in ("merged-medusa-ngram", "merged-eagle-medusa"):
+    for name in ("merged-medusa-ngram", "merged-eagle-medusa", "merged-budget-ngram-eagle"):
         out = speculative_generate(tiny_pair.target, drafters[name], PROMPTS[0], max_new_tokens=16, chat=False)
         assert out.n_new_tokens == 16, name
+    # with the lookup taking the whole budget in some steps, the head skips them and still reads the engine's states
+    prompt = "the cat and the dog and the cat and the dog and the"
+    out = speculative_generate(tiny_pair.target, drafters["merged-budget-ngram-eagle"], prompt, max_new_tokens=24,
+                               chat=False)
+    sources = [s.tree.source.tolist() for s in out.steps if s.tree.source is not None]
+    assert any(src.count(0) == 5 for src in sources)  # root and four lookup nodes: the head left out
+    assert all(s.tree.budget <= 4 for s in out.steps)
+    assert out.output_ids == plain_generate(tiny_pair.target, prompt, max_new_tokens=24, chat=False).output_ids
 
 
 def test_a_cascade_hands_the_heads_the_prefill_when_lookup_drafts_first(tiny_pair, trained, monkeypatch):
@@ -1183,6 +1220,9 @@ def test_registry_builds_head_drafters(tiny_pair, trained):
     assert merged.drafters[0].shape == medusa_tree(ranks, 6) and merged.drafters[1].name == "ngram(n=3,k=8)"
     assert merged.needs_target_hidden and merged.heads_path == trained["medusa"].path
     assert heads_kinds(parse_strategy("merged-ngram+eagle-chain-k3+medusa+eagle")) == ("eagle", "medusa")
+    budgeted = build_drafter("merged-b8-ngram-n3-k4+eagle-k4-d3-n16", tiny_pair)
+    assert budgeted.budget == 8 and budgeted.drafters[1].budget == 16 and budgeted.needs_target_hidden
+    assert heads_kinds(parse_strategy("merged-b8-ngram+eagle")) == ("eagle",)
     assert heads_kinds(parse_strategy("merged")) == () and heads_kinds(parse_strategy("eagle-chain")) == ("eagle",)
 
 

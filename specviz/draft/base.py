@@ -456,6 +456,15 @@ class CompositeDrafter(Drafter):
             if d.needs_target_hidden:
                 d.observe_hidden(step, hidden)
 
+    def provide_features(self, token_ids, features) -> None:
+        """Hand the target's features of a sequence to every part that drafts from them
+        (trained heads: :meth:`~specviz.heads.drafters._HeadDrafter.provide_features`), so
+        that a replay of the composite runs no target forward of its own; parts that read
+        no features ignore them."""
+        for d in self.drafters:
+            if hasattr(d, "provide_features"):
+                d.provide_features(token_ids, features)
+
     def draft(self, context, config, sibling_sampling, generator) -> DraftTree:
         return run_draft_steps(self.draft_steps(context, config, sibling_sampling, generator))
 

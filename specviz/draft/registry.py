@@ -249,8 +249,9 @@ def _part_drafters(pair, names: str, strategy: str, nested: tuple[str, ...], why
 
 def _merged(pair, a: dict[str, Any]) -> Drafter:
     if a["parts"] is None:
-        return MergedDrafter([ChainDrafter(pair.draft, 4), NgramDrafter()])
-    return MergedDrafter(_part_drafters(pair, a["parts"], "merged", ("merged",), "merged trees do not nest"))
+        return MergedDrafter([ChainDrafter(pair.draft, 4), NgramDrafter()], a["budget"])
+    return MergedDrafter(_part_drafters(pair, a["parts"], "merged", ("merged",), "merged trees do not nest"),
+                         a["budget"])
 
 
 #: the default parts of the ``fallback`` strategy
@@ -332,10 +333,13 @@ STRATEGIES: tuple[Strategy, ...] = (
              "trie of up to MATCHES prompt-lookup matches (default n3-d5-b16-m8)", "topk",
              lambda pair, a: NgramTrieDrafter(n=a["n"], depth=a["depth"], budget=a["budget"],
                                               max_matches=a["max_matches"])),
-    Strategy("merged", "merged[-<A>+<B>[+...]]", r"merged(?:-([A-Za-z0-9-]+(?:\+[A-Za-z0-9-]+)+))?",
-             (Param("parts", None, "word"),),
+    Strategy("merged", "merged[-b<BUDGET>][-<A>+<B>[+...]]",
+             r"merged(?:-b(\d+))?(?:-([A-Za-z0-9-]+(?:\+[A-Za-z0-9-]+)+))?",
+             (Param("budget", None), Param("parts", None, "word")),
              "SpecInfer's merged tree of several strategies' drafts, verified in one target call (default "
-             "chain-k4+ngram; e.g. merged-medusa-n4+ngram-n3-k8)", "topk", _merged),
+             "chain-k4+ngram; e.g. merged-medusa-n4+ngram-n3-k8); -b<BUDGET>: at most BUDGET draft nodes, "
+             "shared by the parts in order, a dynamic tree taking what the parts before it left (e.g. "
+             "merged-b16-ngram-n3-k6+eagle-k8-d3-n16)", "topk", _merged),
     Strategy("fallback", "fallback[-<A>+<B>[+...]]", r"fallback(?:-([A-Za-z0-9-]+(?:\+[A-Za-z0-9-]+)+))?",
              (Param("parts", None, "word"),),
              "cascade: the first part that proposes anything drafts the step, later parts run only when the "
