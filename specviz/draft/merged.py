@@ -53,9 +53,8 @@ class MergedDrafter(CompositeDrafter):
             check_int("budget", budget, note="(or None for no limit)")
         super().__init__(drafters)
         self.budget = budget
-        self.name = "merged(" + "+".join(d.name for d in drafters) + ")"
-        if budget is not None:
-            self.name = f"merged(n={budget}:" + "+".join(d.name for d in drafters) + ")"
+        parts = "+".join(d.name for d in drafters)
+        self.name = f"merged({parts})" if budget is None else f"merged(n={budget}:{parts})"
 
     def spawn(self) -> "MergedDrafter":
         return MergedDrafter([d.spawn() for d in self.drafters], self.budget)
