@@ -10,6 +10,7 @@ import torch
 from specviz.draft.fallback import FallbackDrafter
 from specviz.draft.model import ChainDrafter, DynamicTreeDrafter, TreeDrafter
 from specviz.draft.lookahead import LookaheadDrafter
+from specviz.draft.merged import MergedDrafter
 from specviz.draft.ngram import AdaptiveNgramDrafter, NgramTrieDrafter
 from specviz.draft.switch import SwitchDrafter
 from specviz.render.explorer import (
@@ -79,7 +80,8 @@ def test_build_drafter_and_verifier(tiny_pair, tiny_heads, monkeypatch):
     monkeypatch.setenv(HEADS_ENV, tiny_heads)
     kinds = {"chain": ChainDrafter, "static shape": TreeDrafter, "dynamic": DynamicTreeDrafter,
              "n-gram": NgramTrieDrafter, "adaptive n-gram": AdaptiveNgramDrafter, "lookahead": LookaheadDrafter,
-             "cascade": FallbackDrafter, "switch": SwitchDrafter, "medusa": MedusaDrafter, "eagle": EagleDrafter}
+             "cascade": FallbackDrafter, "switch": SwitchDrafter, "medusa": MedusaDrafter, "eagle": EagleDrafter,
+             "eagle + lookup": MergedDrafter}
     for strategy in STRATEGIES:
         assert isinstance(build_drafter(_settings(strategy=strategy), tiny_pair), kinds[strategy])
     names = {strategy: strategy_spec(_settings(strategy=strategy, width=3, depth=2, budget=5)).name
@@ -88,10 +90,15 @@ def test_build_drafter_and_verifier(tiny_pair, tiny_heads, monkeypatch):
                      "n-gram": "ngram-trie-n3-d2-b5-m3", "adaptive n-gram": "ngram-adaptive-n3-k2",
                      "lookahead": "lookahead-w3-n3-g5", "cascade": "fallback-ngram-n3-k2-min3+chain-k2",
                      "switch": "switch-ngram-adaptive-n3-k2+chain-k2",
-                     "medusa": "medusa-k3-d2-n5", "eagle": "eagle-k3-d2-n5"}
+                     "medusa": "medusa-k3-d2-n5", "eagle": "eagle-k3-d2-n5",
+                     "eagle + lookup": "merged-b5-ngram-n3-k2+eagle-k3-d2-n5"}
     # budgets above what the tree can hold share one cache entry, as for the model-drafted trees
     assert _settings(strategy="medusa", width=2, depth=2, budget=50).canonical().budget == 6
     assert _settings(strategy="eagle", width=2, depth=2, budget=50).canonical().budget == 6
+    # eagle + lookup: the lookup chain's depth nodes on top of the head's tree
+    merged = _settings(strategy="eagle + lookup", width=2, depth=2, budget=50)
+    assert merged.canonical().budget == 8 and replace(merged, budget=7).canonical().budget == 7
+    assert build_drafter(merged.canonical(), tiny_pair).budget == 8
     # the adaptive n-gram chain ignores the budget, not the match length
     lookup = _settings(strategy="adaptive n-gram", width=2, depth=4, budget=50)
     assert lookup.canonical() == replace(lookup, budget=9).canonical() != replace(lookup, width=3).canonical()
@@ -160,9 +167,13 @@ def test_explorer_draws_the_heads_and_says_when_there_are_none(tiny_pair, tiny_h
     assert "accepted per step" in ex.stats.value and _points(ex.tree_out) > 0
     ex.strategy.value = "eagle"
     assert ex.computations == 2 and ex.results[ex.settings().canonical()].output_ids == plain.output_ids
+    ex.strategy.value = "eagle + lookup"  # lookup's chain and the head's tree in the budget of 4
+    merged = ex.results[ex.settings().canonical()]
+    assert ex.computations == 3 and merged.output_ids == plain.output_ids
+    assert merged.drafter.startswith("merged") and all(s.tree.budget <= 4 for s in merged.steps)
     monkeypatch.setenv(HEADS_ENV, "/nonexistent/heads")
     ex.depth.value = 3
-    assert ex.computations == 2 and "failed: FileNotFoundError" in ex.status.value
+    assert ex.computations == 3 and "failed: FileNotFoundError" in ex.status.value
     assert "/nonexistent/heads" in ex.status.value
 
 
@@ -441,7 +452,7 @@ def test_record_command_writes_and_resumes(tiny_pair, tiny_heads, tmp_path, monk
 
     monkeypatch.setenv(HEADS_ENV, tiny_heads)  # the medusa and eagle settings draft with them
     n = len(recording_settings("x = 1", 4))
-    assert n == 19
+    assert n == 20
     loads = []
     monkeypatch.setattr(explorer, "load_pair", lambda **kw: loads.append(kw) or tiny_pair)
     path = tmp_path / "rec.json.gz"

@@ -12,9 +12,10 @@ Controls: a prompt box, the strategy (chain / static shape / dynamic / n-gram / 
 n-gram (prompt lookup whose chain length is chosen every step for expected throughput) /
 cascade (prompt lookup where it finds a match, else the draft model's chain: ``fallback``) /
 switch (each step the lookup's or the draft model's chain, whichever promises more tokens
-per second) / lookahead, and the trained heads: a Medusa tree and an EAGLE-2 tree, which draft with the heads
-``python -m specviz.heads train`` left in the specviz cache, or those ``$SPECVIZ_HEADS``
-names), tree width (top-k), depth and budget, temperature, and a step slider that scrubs through
+per second) / lookahead, and the trained heads: a Medusa tree, an EAGLE-2 tree, and "eagle + lookup"
+(prompt lookup's chain of up to ``depth`` tokens and the EAGLE-2 tree in one budget: ``merged-b<N>``),
+which draft with the heads ``python -m specviz.heads train`` left in the specviz cache, or those
+``$SPECVIZ_HEADS`` names), tree width (top-k), depth and budget, temperature, and a step slider that scrubs through
 the generation's steps. Everything drawn comes from :mod:`specviz.render`, the same
 functions the static figures use; this module only maps settings to a strategy name of
 :mod:`specviz.draft.registry` (:func:`strategy_spec`), runs
@@ -109,6 +110,7 @@ _REGISTRY_NAMES: dict[str, Callable[["ExplorerSettings"], str]] = {
     "lookahead": lambda s: f"lookahead-w{s.width}-n{s.depth + 1}-g{s.budget}",
     "medusa": lambda s: f"medusa-k{s.width}-d{s.depth}-n{s.budget}",
     "eagle": lambda s: f"eagle-k{s.width}-d{s.depth}-n{s.budget}",
+    "eagle + lookup": lambda s: f"merged-b{s.budget}-ngram-n3-k{s.depth}+eagle-k{s.width}-d{s.depth}-n{s.budget}",
 }
 #: slider labels (width, depth, budget) per strategy, where they differ from the trees'
 _SLIDER_LABELS: dict[str, tuple[str, str, str]] = {
@@ -144,13 +146,15 @@ class ExplorerSettings:
     Attributes:
         prompt: the user prompt (the chat template is applied).
         strategy: one of :data:`STRATEGIES`.
-        width: top-k, children per node (static shape, dynamic, medusa, eagle), merged
+        width: top-k, children per node (static shape, dynamic, medusa, eagle, eagle +
+            lookup), merged
             matches (n-gram), the longest match n (adaptive n-gram, switch), the shortest
             match prompt lookup drafts from (cascade) or the window's width W (lookahead).
-        depth: draft depth (the chain length for "chain", and for both parts of "cascade"
-            and "switch"; a guess's length N - 1 for lookahead).
-        budget: maximum draft nodes per step (static shape, dynamic, n-gram) or guesses
-            per step G (lookahead).
+        depth: draft depth (the chain length for "chain", and for both parts of "cascade",
+            "switch" and "eagle + lookup"; a guess's length N - 1 for lookahead).
+        budget: maximum draft nodes per step (static shape, dynamic, n-gram, the trees of
+            the heads, shared by both parts of "eagle + lookup") or guesses per step G
+            (lookahead).
         temperature: 0 = greedy; > 0 samples, verified losslessly.
         max_new_tokens: tokens to generate.
         seed: seeds drafting and verification.
@@ -196,6 +200,9 @@ class ExplorerSettings:
             return replace(self, budget=min(self.budget, full), temperature=temperature)
         if self.strategy in ("dynamic", "eagle"):
             pool = self.width + (self.depth - 1) * self.width ** 2
+            return replace(self, budget=min(self.budget, pool), temperature=temperature)
+        if self.strategy == "eagle + lookup":  # lookup's chain of ``depth`` first, then the head's pool
+            pool = self.depth + self.width + (self.depth - 1) * self.width ** 2
             return replace(self, budget=min(self.budget, pool), temperature=temperature)
         return replace(self, temperature=temperature)
 
