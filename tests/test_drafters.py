@@ -12,7 +12,7 @@ from specviz.draft.adaptive import AdaptiveChainDrafter
 from specviz.draft.base import DraftModelState, draft_all, run_draft_forwards
 from specviz.draft.merged import MergedDrafter
 from specviz.draft.model import ChainDrafter, DynamicTreeDrafter, TreeDrafter
-from specviz.draft.ngram import NgramDrafter
+from specviz.draft.ngram import NgramDrafter, NgramTrieDrafter
 from specviz.draft.self_spec import SelfSpeculativeDrafter, truncated_model
 from specviz.models.kvcache import cache_length
 from specviz.sampling import GREEDY, SamplingConfig, make_generator
@@ -339,7 +339,7 @@ def test_budgeted_merge_shares_the_budget_in_order(tiny_pair, context):
     first = lookup.draft(ctx, GREEDY, "greedy", None)
     assert first.budget > 0  # the context repeats itself: the lookup proposes
     tree = merged.draft(ctx, GREEDY, "greedy", None)
-    assert tree.budget <= 6 and dynamic.budget == 10  # the part's own budget is back after the step
+    assert tree.budget <= 6 and dynamic.budget == 10  # the part's own budget is untouched
     # the dynamic tree was grown to what the lookup left, so it keeps its own best nodes
     rest = DynamicTreeDrafter(tiny_pair.draft, topk=3, depth=4, budget=6 - first.budget).draft(ctx, GREEDY, "greedy",
                                                                                               None)
@@ -366,6 +366,34 @@ def test_budgeted_merge_shares_the_budget_in_order(tiny_pair, context):
     for bad in (0, -1, 2.5, "6"):
         with pytest.raises(ValueError, match="budget"):
             MergedDrafter([lookup, dynamic], budget=bad)
+
+
+def test_draft_steps_within_grows_or_cuts_to_the_step_limit(tiny_pair, context):
+    from specviz.draft.base import run_draft_steps
+
+    ctx = torch.tensor(context)
+
+    def within(drafter, n):
+        return run_draft_steps(drafter.draft_steps_within(n, ctx, GREEDY, "greedy", None))
+
+    def same(a, b):
+        return a.tokens.tolist() == b.tokens.tolist() and a.parents.tolist() == b.parents.tolist()
+
+    # budgeted drafters grow their own best nodes to the smaller budget, and keep their own budget
+    dynamic = DynamicTreeDrafter(tiny_pair.draft, topk=3, depth=4, budget=10)
+    assert same(within(dynamic, 4), DynamicTreeDrafter(tiny_pair.draft, topk=3, depth=4, budget=4).draft(
+        ctx, GREEDY, "greedy", None))
+    assert same(within(dynamic, 50), dynamic.draft(ctx, GREEDY, "greedy", None)) and dynamic.budget == 10
+    trie = NgramTrieDrafter(n=2, depth=4, budget=12, max_matches=4)
+    assert same(within(trie, 3), NgramTrieDrafter(n=2, depth=4, budget=3, max_matches=4).draft(
+        ctx, GREEDY, "greedy", None)) and trie.budget == 12
+    # any other drafter: its tree cut to the first nodes
+    chain = ChainDrafter(tiny_pair.draft, 4)
+    cut = within(chain, 2)
+    assert cut.tokens.tolist() == chain.draft(ctx, GREEDY, "greedy", None).tokens[:3].tolist()
+    for drafter in (dynamic, trie, chain):
+        with pytest.raises(ValueError, match="max_nodes"):
+            within(drafter, 0)
 
 
 def test_spawn_gives_independent_state(tiny_pair, context):

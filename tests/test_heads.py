@@ -981,6 +981,26 @@ def test_a_merged_tree_hands_provided_features_to_its_head(tiny_pair, trained, m
         merged_drafter(tiny_pair, [])
 
 
+def test_eagle_tree_within_a_step_limit_is_the_smaller_budgets_tree(tiny_pair, trained):
+    from specviz.draft.base import run_draft_steps
+
+    head = load_heads(trained["eagle"].path, tiny_pair.target)
+    prompt = "the cat and the dog and the cat and the"
+    ids = plain_generate(tiny_pair.target, prompt, max_new_tokens=6, stop_at_eos=False, chat=False)
+    context = torch.tensor(list(ids.prompt_ids) + list(ids.output_ids))
+    greedy = GREEDY
+    big = EagleDrafter(tiny_pair.target, head, topk=3, depth=3, budget=9)
+    small = EagleDrafter(tiny_pair.target, head, topk=3, depth=3, budget=4)
+    within = run_draft_steps(big.draft_steps_within(4, context, greedy, "greedy", None))
+    expected = small.draft(context, greedy, "greedy", None)
+    assert within.budget == 4 and big.budget == 9
+    assert within.tokens.tolist() == expected.tokens.tolist() and within.parents.tolist() == expected.parents.tolist()
+    whole = run_draft_steps(big.draft_steps_within(50, context, greedy, "greedy", None))
+    assert whole.tokens.tolist() == big.draft(context, greedy, "greedy", None).tokens.tolist()
+    with pytest.raises(ValueError, match="max_nodes"):
+        run_draft_steps(big.draft_steps_within(0, context, greedy, "greedy", None))
+
+
 def _no_target_forward(*args, **kwargs):
     raise AssertionError("the drafter ran the target although its features were provided")
 

@@ -49,6 +49,7 @@ from specviz.sampling import SamplingConfig
 from specviz.tree.core import DraftTree
 from specviz.tree.side import SideBranch
 from specviz.tree.trie import TokenTrie
+from specviz.validate import check_int
 
 __all__ = [
     "Drafter",
@@ -105,6 +106,23 @@ class Drafter(ABC):
         request nothing."""
         yield from ()
         return self.draft(context, config, sibling_sampling, generator)
+
+    def draft_steps_within(self, max_nodes: int, context: torch.Tensor, config: SamplingConfig,
+                           sibling_sampling: str, generator: torch.Generator | None
+                           ) -> Generator["DraftForward", torch.Tensor, DraftTree]:
+        """:meth:`draft_steps` for a tree of at most ``max_nodes`` draft nodes this step
+        (a positive integer), as a merged tree with a budget asks of each part. This
+        default cuts the tree to its first ``max_nodes`` nodes (parents come before
+        children, so the cut is a tree); drafters that grow their tree to a budget of their
+        own (EAGLE-2 trees, the n-gram trie) grow it to the smaller of the two instead, so
+        they keep their best nodes by their own ranking.
+
+        Raises:
+            ValueError: ``max_nodes`` not a positive integer.
+        """
+        check_int("max_nodes", max_nodes)
+        tree = yield from self.draft_steps(context, config, sibling_sampling, generator)
+        return tree if tree.budget <= max_nodes else tree.subtree(range(max_nodes + 1))
 
     def observe(self, step) -> None:  # noqa: B027 - optional hook, no-op by default
         """Called with each finished :class:`~specviz.decode.StepTrace` (adaptive drafters

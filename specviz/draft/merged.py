@@ -25,11 +25,12 @@ class MergedDrafter(CompositeDrafter):
 
     With a ``budget`` the merged tree never holds more than ``budget`` draft nodes, and
     the parts share them in order: each part may add at most what the parts before it
-    left. A part that grows its tree to a budget of its own (an EAGLE-2 dynamic tree of
-    the draft model or of a trained head, the n-gram trie: drafters with an integer
-    ``budget`` attribute) is asked for at most that many nodes in that step, so it keeps
-    its best ones by its own ranking; any other part's tree is cut to its first nodes
-    (parents come before children, so the cut is a tree). With prompt lookup first and a
+    left: each part drafts through :meth:`~specviz.draft.base.Drafter.draft_steps_within`
+    with what is left. A part that grows its tree to a budget of its own (an EAGLE-2
+    dynamic tree of the draft model or of a trained head, the n-gram trie) grows it to
+    at most that many nodes in that step, so it keeps its best ones by its own ranking;
+    any other part's tree is cut to its first nodes (parents come before children, so
+    the cut is a tree). With prompt lookup first and a
     dynamic tree second, the lookup's chain takes the nodes it proposes (none where it
     finds no match) and the dynamic tree the rest. A part left no node in a step does
     not draft in it.
@@ -74,15 +75,7 @@ class MergedDrafter(CompositeDrafter):
             left = self.budget - (merge_trees(trees).budget if trees else 0)
             if left <= 0:
                 break
-            own = None if isinstance(getattr(type(d), "budget", None), property) else getattr(d, "budget", None)
-            asks = isinstance(own, int) and not isinstance(own, bool) and own > left
-            if asks:
-                d.budget = left
-            try:
-                tree = yield from d.draft_steps(context, config, mode, generator)
-            finally:
-                if asks:
-                    d.budget = own
+            tree = yield from d.draft_steps_within(left, context, config, mode, generator)
             trees.append(tree if tree.budget <= left else tree.subtree(range(left + 1)))
         return merge_trees(trees)
 

@@ -259,10 +259,17 @@ class DynamicTreeDrafter(ModelDrafter):
         super().__init__(draft, vocab)
 
     def draft_steps(self, context, config, sibling_sampling, generator):
+        return (yield from self._grow(context, config, sibling_sampling, self.budget))
+
+    def draft_steps_within(self, max_nodes, context, config, sibling_sampling, generator):
+        check_int("max_nodes", max_nodes)
+        return (yield from self._grow(context, config, sibling_sampling, min(self.budget, max_nodes)))
+
+    def _grow(self, context, config, sibling_sampling, budget: int):
         require_deterministic_siblings(self.name, config, sibling_sampling)
         ctx = self._context(context)
         root_logits = (yield self.state.sync(ctx))[-1]  # (V,)
-        grow = grow_dynamic_tree(ctx[-1], root_logits, config, self.topk, self.depth, self.budget)
+        grow = grow_dynamic_tree(ctx[-1], root_logits, config, self.topk, self.depth, budget)
         handle = {-1: -1}  # pool node -> its draft-cache handle
         try:
             frontier = next(grow)

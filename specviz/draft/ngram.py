@@ -502,6 +502,15 @@ class NgramTrieDrafter(Drafter):
     def draft(self, context: torch.Tensor, config: SamplingConfig, sibling_sampling: str,
               generator: torch.Generator | None) -> DraftTree:
         """Trie of the matches' continuations rooted at ``context[-1]``, at most ``budget`` nodes."""
+        return self._trie(context, sibling_sampling, self.budget)
+
+    def draft_steps_within(self, max_nodes, context, config, sibling_sampling, generator):
+        """The trie's best ``min(budget, max_nodes)`` nodes, chosen as :meth:`draft` chooses."""
+        _positive_int("max_nodes", max_nodes)
+        yield from ()
+        return self._trie(context, sibling_sampling, min(self.budget, max_nodes))
+
+    def _trie(self, context: torch.Tensor, sibling_sampling: str, budget: int) -> DraftTree:
         check_sibling_sampling(sibling_sampling)
         tokens = _context_tokens(context)
         found = self._matches(tokens)
@@ -527,7 +536,7 @@ class NgramTrieDrafter(Drafter):
         heapq.heapify(frontier)
         kept = [0]
         new_index = {0: 0}
-        while frontier and len(kept) <= self.budget:
+        while frontier and len(kept) <= budget:
             i = heapq.heappop(frontier)[-1]
             new_index[i] = len(kept)
             kept.append(i)

@@ -418,8 +418,16 @@ class EagleDrafter(_HeadDrafter):
         super().reset()
         self.head_cache = _HeadCache(self.heads)
 
-    @torch.no_grad()
     def draft(self, context, config, sibling_sampling, generator) -> DraftTree:
+        return self._grow(context, config, sibling_sampling, self.budget)
+
+    def draft_steps_within(self, max_nodes, context, config, sibling_sampling, generator):
+        check_int("max_nodes", max_nodes)
+        yield from ()
+        return self._grow(context, config, sibling_sampling, min(self.budget, max_nodes))
+
+    @torch.no_grad()
+    def _grow(self, context, config, sibling_sampling, budget: int) -> DraftTree:
         ctx = self._context(context, config, sibling_sampling)
         if len(ctx) < 2:  # no committed feature yet: no proposal
             return DraftTree.from_lists([ctx[-1]], [-1])
@@ -429,7 +437,7 @@ class EagleDrafter(_HeadDrafter):
         handle = {-1: -1}  # pool node -> its slot among this step's fed nodes
         # over the scored vocabulary only (a reduced one: the full one's -inf columns cost time, not choices)
         grow = grow_dynamic_tree(ctx[-1], self.heads.scores(root).cpu(), config, self.topk, self.depth,
-                                 self.budget, self._token_ids)
+                                 budget, self._token_ids)
         try:
             frontier = next(grow)
             while True:
