@@ -988,17 +988,16 @@ def test_eagle_tree_within_a_step_limit_is_the_smaller_budgets_tree(tiny_pair, t
     prompt = "the cat and the dog and the cat and the"
     ids = plain_generate(tiny_pair.target, prompt, max_new_tokens=6, stop_at_eos=False, chat=False)
     context = torch.tensor(list(ids.prompt_ids) + list(ids.output_ids))
-    greedy = GREEDY
     big = EagleDrafter(tiny_pair.target, head, topk=3, depth=3, budget=9)
     small = EagleDrafter(tiny_pair.target, head, topk=3, depth=3, budget=4)
-    within = run_draft_steps(big.draft_steps_within(4, context, greedy, "greedy", None))
-    expected = small.draft(context, greedy, "greedy", None)
+    within = run_draft_steps(big.draft_steps_within(4, context, GREEDY, "greedy", None))
+    expected = small.draft(context, GREEDY, "greedy", None)
     assert within.budget == 4 and big.budget == 9
     assert within.tokens.tolist() == expected.tokens.tolist() and within.parents.tolist() == expected.parents.tolist()
-    whole = run_draft_steps(big.draft_steps_within(50, context, greedy, "greedy", None))
-    assert whole.tokens.tolist() == big.draft(context, greedy, "greedy", None).tokens.tolist()
+    whole = run_draft_steps(big.draft_steps_within(50, context, GREEDY, "greedy", None))
+    assert whole.tokens.tolist() == big.draft(context, GREEDY, "greedy", None).tokens.tolist()
     with pytest.raises(ValueError, match="max_nodes"):
-        run_draft_steps(big.draft_steps_within(0, context, greedy, "greedy", None))
+        run_draft_steps(big.draft_steps_within(0, context, GREEDY, "greedy", None))
 
 
 def _no_target_forward(*args, **kwargs):

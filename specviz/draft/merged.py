@@ -76,6 +76,7 @@ class MergedDrafter(CompositeDrafter):
             if left <= 0:
                 break
             tree = yield from d.draft_steps_within(left, context, config, mode, generator)
+            # the limit holds even for a drafter whose own draft_steps_within ignores it
             trees.append(tree if tree.budget <= left else tree.subtree(range(left + 1)))
         return merge_trees(trees)
 

@@ -15,8 +15,8 @@ switch (each step the lookup's or the draft model's chain, whichever promises mo
 per second) / lookahead, and the trained heads: a Medusa tree, an EAGLE-2 tree, and "eagle + lookup"
 (prompt lookup's chain of up to ``depth`` tokens and the EAGLE-2 tree in one budget: ``merged-b<N>``),
 which draft with the heads ``python -m specviz.heads train`` left in the specviz cache, or those
-``$SPECVIZ_HEADS`` names), tree width (top-k), depth and budget, temperature, and a step slider that scrubs through
-the generation's steps. Everything drawn comes from :mod:`specviz.render`, the same
+``$SPECVIZ_HEADS`` names), tree width (top-k), depth and budget, temperature, and a step slider
+that scrubs through the generation's steps. Everything drawn comes from :mod:`specviz.render`, the same
 functions the static figures use; this module only maps settings to a strategy name of
 :mod:`specviz.draft.registry` (:func:`strategy_spec`), runs
 :func:`specviz.decode.speculative_generate` with the drafter and verifier the registry
@@ -147,9 +147,9 @@ class ExplorerSettings:
         prompt: the user prompt (the chat template is applied).
         strategy: one of :data:`STRATEGIES`.
         width: top-k, children per node (static shape, dynamic, medusa, eagle, eagle +
-            lookup), merged
-            matches (n-gram), the longest match n (adaptive n-gram, switch), the shortest
-            match prompt lookup drafts from (cascade) or the window's width W (lookahead).
+            lookup), merged matches (n-gram), the longest match n (adaptive n-gram,
+            switch), the shortest match prompt lookup drafts from (cascade) or the
+            window's width W (lookahead).
         depth: draft depth (the chain length for "chain", and for both parts of "cascade",
             "switch" and "eagle + lookup"; a guess's length N - 1 for lookahead).
         budget: maximum draft nodes per step (static shape, dynamic, n-gram, the trees of
