@@ -189,7 +189,8 @@ class ExplorerSettings:
         adaptive n-gram chain its budget), and
         a budget above the nodes a static shape or a dynamic tree can propose (``width ** 1
         + ... + width ** depth``; ``width + (depth - 1) * width ** 2`` for EAGLE-2's
-        frontier of ``width`` nodes) keeps them all, as that number does."""
+        frontier of ``width`` nodes, plus the lookup chain's ``depth`` for "eagle +
+        lookup") keeps them all, as that number does."""
         temperature = round(float(self.temperature), 6)
         if self.strategy == "chain":
             return replace(self, width=1, budget=self.depth, temperature=temperature)
@@ -198,11 +199,10 @@ class ExplorerSettings:
         if self.strategy in ("static shape", "medusa"):
             full = sum(self.width ** d for d in range(1, self.depth + 1))
             return replace(self, budget=min(self.budget, full), temperature=temperature)
-        if self.strategy in ("dynamic", "eagle"):
+        if self.strategy in ("dynamic", "eagle", "eagle + lookup"):
             pool = self.width + (self.depth - 1) * self.width ** 2
-            return replace(self, budget=min(self.budget, pool), temperature=temperature)
-        if self.strategy == "eagle + lookup":  # lookup's chain of ``depth`` first, then the head's pool
-            pool = self.depth + self.width + (self.depth - 1) * self.width ** 2
+            if self.strategy == "eagle + lookup":  # lookup's chain of ``depth`` comes first
+                pool += self.depth
             return replace(self, budget=min(self.budget, pool), temperature=temperature)
         return replace(self, temperature=temperature)
 
