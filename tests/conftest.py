@@ -14,8 +14,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
 
-from specviz.models.loading import DEFAULT_DRAFT, DEFAULT_TARGET, ModelPair, load_pair  # noqa: E402
-from specviz.models.loading import tiny_pair as make_tiny_pair  # noqa: E402
+from specviz.models.builtin import DEFAULT_DRAFT, DEFAULT_TARGET
+from specviz.models.loading import load_pair
+from specviz.models.types import ModelPair
+from specviz.models.tiny import tiny_pair as make_tiny_pair
 
 
 def _in_ci() -> bool:

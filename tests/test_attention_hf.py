@@ -11,7 +11,7 @@ from specviz.attention.hf import ATTENTION_CHOICES, attention_implementation
 from specviz.decode import speculative_generate, speculative_generate_batch
 from specviz.draft import DynamicTreeDrafter, TreeDrafter
 from specviz.models.kvcache import forward_tokens, new_cache
-from specviz.models.loading import tiny_pair as make_tiny_pair
+from specviz.models.tiny import tiny_pair as make_tiny_pair
 from specviz.tree.core import DraftTree, pad_trees
 from specviz.tree.shapes import expansion
 

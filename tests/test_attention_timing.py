@@ -99,7 +99,7 @@ def test_time_tree_attention_rejects_bad_inputs():
     with pytest.raises(ValueError, match="multiple"):
         AttentionDims(3, 2, 8)
     with pytest.raises(ValueError, match="dtype"):
-        time_tree_attention([chain(2)], dtype="int8")
+        time_tree_attention([chain(2)], dtype="w8a8-token")
 
 
 def test_time_verify_attention_small_grid():

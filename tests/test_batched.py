@@ -9,8 +9,8 @@ import torch
 from specviz.decode.engine import plain_generate, plain_generate_batch
 from specviz.decode.replay import replay_dynamic, replay_dynamic_batch
 from specviz.sampling import SamplingConfig
-from specviz.study.prompts import Prompt
-from specviz.study.store import ResultStore
+from specviz.data.prompts import Prompt
+from specviz.data.store import ResultStore
 from specviz.study.units import (DYNAMIC_STRATEGY, dynamic_batch_units, dynamic_units, reference_id, reference_units,
                                  references_from)
 from specviz.study.work import ModelSpec, Work

@@ -7,7 +7,7 @@ import re
 import pandas as pd
 import pytest
 
-from specviz.models.loading import tiny_pair
+from specviz.models.tiny import tiny_pair
 
 import specviz.bench.__main__ as cli
 import specviz.bench.e2e as bench
@@ -214,14 +214,14 @@ def test_bad_arguments_exit_2(prompts_file, tmp_path, capsys, extra, message):
 
 
 def test_weight_modes_and_the_bf16_baseline(prompts_file, tmp_path, capsys, monkeypatch):
-    pair = tiny_pair(dtype="w8a8")
+    pair = tiny_pair(dtype="w8a8-token")
     monkeypatch.setattr(cli, "_load_models", lambda args: pair)
-    out = tmp_path / "w8a8.csv"
+    out = tmp_path / "w8a8-token.csv"
     argv = _argv(prompts_file, out, methods=("plain", "chain-k2"))
-    argv[argv.index("--dtype") + 1] = "w8a8"
+    argv[argv.index("--dtype") + 1] = "w8a8-token"
     assert cli.main(argv) == 0
     rows = bench.load_results(out)
-    assert set(rows.dtype) == {"w8a8"} and set(rows.method) == {"plain", "chain-k2"}
+    assert set(rows.dtype) == {"w8a8-token"} and set(rows.method) == {"plain", "chain-k2"}
     # plain-bf16 runs the target cast to bf16 next to the run's own mode (here fp32).
     fp32 = tiny_pair()
     monkeypatch.setattr(cli, "_load_models", lambda args: fp32)

@@ -20,7 +20,7 @@ from specviz.checks.identity import (
 from specviz.decode.engine import encode_prompt
 from specviz.draft.model import ChainDrafter, DynamicTreeDrafter
 from specviz.draft.ngram import NgramDrafter
-from specviz.study.store import ResultStore
+from specviz.data.store import ResultStore
 
 PROMPTS = ["def square(x):", "Name three colours."]
 
@@ -111,11 +111,11 @@ def test_accuracy_section_labels_modes_against_the_bar(tiny_pair, tmp_path, monk
     monkeypatch.setattr(cli, "load_model", lambda name, mode, device=None: load_model(tiny_pair.target, mode, device=device))
     monkeypatch.setattr(cli, "OUTPUTS_DIR", tmp_path, raising=False)
     out = tmp_path / "acc.json"
-    assert main(["--sections", "accuracy", "--prompts", "2", "--tokens", "6", "--accuracy-modes", "bf16,int4",
+    assert main(["--sections", "accuracy", "--prompts", "2", "--tokens", "6", "--accuracy-modes", "bf16,w4a8-token",
                  "--out", str(out)]) == 0
     report = json.loads(out.read_text())["accuracy"]
     bar = {row["weight_mode"]: row for row in report["bar"]}
-    assert set(bar) == {"bf16", "int4"} and report["chunk"] == 4
+    assert set(bar) == {"bf16", "w4a8-token"} and report["chunk"] == 4
     assert bar["bf16"]["bar"] == pytest.approx(bar["bf16"]["agreement"] - 0.02)
-    assert bar["int4"]["lossy"] == (bar["int4"]["agreement"] < bar["int4"]["bar"])
+    assert bar["w4a8-token"]["lossy"] == (bar["w4a8-token"]["agreement"] < bar["w4a8-token"]["bar"])
     assert "weight_mode" in capsys.readouterr().out

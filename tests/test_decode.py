@@ -27,7 +27,8 @@ from specviz.draft import (
     TreeDrafter,
 )
 from specviz.models.kvcache import cache_length, compact_cache, forward_tokens, new_cache
-from specviz.models.loading import LoadedModel, TokenizerMismatchError, tiny_model, tiny_tokenizer
+from specviz.models.tiny import tiny_model, tiny_tokenizer
+from specviz.models.types import LoadedModel, TokenizerMismatchError
 from specviz.draft.ngram import AdaptiveNgramDrafter, NgramDrafter, NgramTrieDrafter
 from specviz.sampling import SamplingConfig, probs_from_logits
 from specviz.tree.shapes import expansion, from_paths, kary

@@ -15,8 +15,9 @@ from specviz.locations import REPO_ROOT
 from specviz.models import device as devmod
 from specviz.models.device import model_device, resolve_device, synchronize
 from specviz.models.kvcache import forward_tokens, new_cache
-from specviz.models.loading import load_model, tiny_model, tiny_pair
-from specviz.models.weights import WEIGHT_MODES
+from specviz.models.loading import load_model
+from specviz.models.tiny import tiny_model, tiny_pair
+from specviz.quant.weights import WEIGHT_MODES
 from specviz.sampling import SamplingConfig
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -46,11 +47,11 @@ def test_absent_device_is_named(monkeypatch):
 
 def test_auto_skips_devices_a_weight_mode_cannot_run_on(monkeypatch):
     monkeypatch.setattr(devmod, "available_devices", lambda: ["cuda", "cpu"])
-    assert resolve_device("auto", WEIGHT_MODES["int8"]) == torch.device("cpu")
-    assert resolve_device("auto", WEIGHT_MODES["w8a8"]) == torch.device("cpu")
+    assert resolve_device("auto", WEIGHT_MODES["w8a8-token"]) == torch.device("cpu")
+    assert resolve_device("auto", WEIGHT_MODES["w4a8-token"]) == torch.device("cpu")
     assert resolve_device("auto", WEIGHT_MODES["bf16"]) == torch.device("cuda")
-    with pytest.raises(ValueError, match="weight mode 'int4' runs on cpu only, not on cuda"):
-        resolve_device("cuda", WEIGHT_MODES["int4"])
+    with pytest.raises(ValueError, match="weight mode 'w4a8-token' runs on cpu only, not on cuda"):
+        resolve_device("cuda", WEIGHT_MODES["w4a8-token"])
 
 
 def test_cli_device_errors(capsys):

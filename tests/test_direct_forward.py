@@ -5,8 +5,9 @@ import pytest
 import torch
 
 import specviz.models.kvcache as kv
+import specviz.models.slots as slots
 from specviz.models.kvcache import cache_length, forward_tokens, new_cache, stack_caches
-from specviz.models.loading import tiny_model
+from specviz.models.tiny import tiny_model
 
 
 def _both(monkeypatch, model, make_cache, tokens, positions, allowed, **kw):
@@ -16,7 +17,7 @@ def _both(monkeypatch, model, make_cache, tokens, positions, allowed, **kw):
     real = kv._direct_forward
     monkeypatch.setattr(kv, "_direct_forward", lambda *a, **k: calls.append(1) or real(*a, **k))
     for direct in (False, True):
-        monkeypatch.setattr(kv, "_direct_forward_supported",
+        monkeypatch.setattr(kv, "direct_forward_supported",
                             (lambda m: False) if not direct else kv.__dict__["_supported_original"])
         cache = make_cache()
         outs.append(forward_tokens(model, cache, tokens, positions, allowed, **kw))
@@ -27,7 +28,7 @@ def _both(monkeypatch, model, make_cache, tokens, positions, allowed, **kw):
 
 @pytest.fixture(autouse=True)
 def _keep_original(monkeypatch):
-    monkeypatch.setitem(kv.__dict__, "_supported_original", kv._direct_forward_supported)
+    monkeypatch.setitem(kv.__dict__, "_supported_original", kv.direct_forward_supported)
 
 
 def _prefilled(model, ids):
@@ -103,23 +104,23 @@ def test_one_token_batch_and_logits_to_keep(monkeypatch, tiny_pair):
 
 def test_hooks_and_unsupported_cases_run_transformers_forward(tiny_pair):
     model = tiny_pair.target.model
-    assert kv._direct_forward_supported(model)
+    assert kv.direct_forward_supported(model)
     handle = model.register_forward_pre_hook(lambda *a: None)
     try:
-        assert not kv._direct_forward_supported(model)
+        assert not kv.direct_forward_supported(model)
     finally:
         handle.remove()
     handle = model.model.register_forward_hook(lambda *a: None)
     try:
-        assert not kv._direct_forward_supported(model)
+        assert not kv.direct_forward_supported(model)
     finally:
         handle.remove()
     model.train()
     try:
-        assert not kv._direct_forward_supported(model)
+        assert not kv.direct_forward_supported(model)
     finally:
         model.eval()
-    assert kv._direct_forward_supported(model)
+    assert kv.direct_forward_supported(model)
 
 
 def _tree_inputs():
@@ -188,10 +189,19 @@ def test_traced_layers_follow_hooks_and_swapped_modules():
     assert torch.allclose(swapped[0][0, 1], expected, atol=1e-5)  # node 1 follows the root: a causal path
 
 
+class _UserSiLU(torch.nn.Module):
+    """A user's own module: outside TRACEABLE_MODULES, so no program may record it."""
+
+    def forward(self, x):
+        return torch.nn.functional.silu(x)
+
+
 def test_layers_with_other_modules_run_in_python():
-    """w8a8's layers choose their kernel by row count, which a recorded program would fix:
-    such a model runs its layers as Python calls (and still equals transformers' forward)."""
-    model = tiny_model(dtype="w8a8").model
+    """A layer holding a module a recorded program may not reproduce (a user's own module)
+    runs as Python calls (and still equals transformers' forward)."""
+    model = tiny_model(dtype="w8a8-token").model
+    for layer in model.model.layers:
+        layer.mlp.act_fn = _UserSiLU()
     tokens, positions, allowed = _tree_inputs()
     ours, _ = _run(model, tokens, positions, allowed)
     assert model not in kv._programs
@@ -207,11 +217,11 @@ def test_cache_appends_in_place_with_the_concatenations_values(monkeypatch):
     transformers' concatenating update gives."""
     model = tiny_model(seed=3).model
     ids = torch.randint(0, 200, (1, 70))
-    monkeypatch.setattr(kv, "APPEND_FROM", 20)  # the first 19 slots concatenate, the rest append
+    monkeypatch.setattr(slots, "APPEND_FROM", 20)  # the first 19 slots concatenate, the rest append
 
     def run(use_buffers):
         if not use_buffers:
-            monkeypatch.setattr(kv, "_append", lambda cache, k, v, i: cache.update(k, v, i))
+            monkeypatch.setattr(kv, "append_kv", lambda cache, k, v, i: cache.update(k, v, i))
         cache, logits, pointers = new_cache(model), [], []
         # a one-token prefill, then decoding steps, a crop, a tree-like masked forward and a compaction
         for pos in range(60):
@@ -226,8 +236,8 @@ def test_cache_appends_in_place_with_the_concatenations_values(monkeypatch):
         logits.append(forward_tokens(model, cache, ids[:, 60:61], torch.tensor([[56]]), None))
         pointers.append(cache.layers[0].keys.data_ptr())
         monkeypatch.undo()
-        monkeypatch.setitem(kv.__dict__, "_supported_original", kv._direct_forward_supported)
-        monkeypatch.setattr(kv, "APPEND_FROM", 20)
+        monkeypatch.setitem(kv.__dict__, "_supported_original", kv.direct_forward_supported)
+        monkeypatch.setattr(slots, "APPEND_FROM", 20)
         return logits, cache, pointers
 
     reference, ref_cache, ref_ptrs = run(False)

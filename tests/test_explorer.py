@@ -197,7 +197,7 @@ import re  # noqa: E402
 
 from specviz.decode.records import GenerationResult  # noqa: E402
 from specviz.locations import NOTEBOOKS_DIR  # noqa: E402
-from specviz.models.loading import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: E402
+from specviz.models.builtin import DEFAULT_DRAFT, DEFAULT_TARGET
 from specviz.render import (  # noqa: E402
     figure_mimebundle,
     lookahead_mask_figure,
@@ -334,10 +334,10 @@ def test_unrecorded_setting_says_so_and_offers_nearest_or_live(recorded, tiny_pa
 
 def test_record_resumes_and_keeps_finished_settings(tiny_pair, tmp_path, monkeypatch):
     path = tmp_path / "t.json.gz"
-    import specviz.render.explorer as explorer
+    import specviz.render.recording as recording_module  # record_traces runs its settings there
 
     runs = []
-    real = explorer.run_settings
+    real = recording_module.run_settings
 
     def flaky(settings, pair, on_step=None):
         runs.append(settings)
@@ -345,7 +345,7 @@ def test_record_resumes_and_keeps_finished_settings(tiny_pair, tmp_path, monkeyp
             raise KeyboardInterrupt  # interrupted during the second setting
         return real(settings, pair, on_step)
 
-    monkeypatch.setattr(explorer, "run_settings", flaky)
+    monkeypatch.setattr(recording_module, "run_settings", flaky)
     with pytest.raises(KeyboardInterrupt):
         record_traces(path, RECORDED[:2], tiny_pair, log=lambda _: None)
     assert set(load_recording(path).results) == {RECORDED[0].canonical()}  # the finished one was stored
@@ -448,13 +448,14 @@ def ast_literal(text: str):
 
 def test_record_command_writes_and_resumes(tiny_pair, tiny_heads, tmp_path, monkeypatch, capsys):
     import specviz.render.explorer as explorer
+    import specviz.render.recording as recording_module  # record_traces loads the pair there
     from specviz.heads import HEADS_ENV
 
     monkeypatch.setenv(HEADS_ENV, tiny_heads)  # the medusa and eagle settings draft with them
     n = len(recording_settings("x = 1", 4))
     assert n == 20
     loads = []
-    monkeypatch.setattr(explorer, "load_pair", lambda **kw: loads.append(kw) or tiny_pair)
+    monkeypatch.setattr(recording_module, "load_pair", lambda **kw: loads.append(kw) or tiny_pair)
     path = tmp_path / "rec.json.gz"
     assert explorer.main(["--record", str(path), "--max-new-tokens", "4", "--prompt", "x = 1"]) == 0
     assert loads == [{"dtype": "fp32", "device": "cpu"}]

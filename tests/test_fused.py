@@ -10,12 +10,12 @@ from specviz.decode.engine import plain_generate, speculative_generate
 from specviz.draft.fallback import FallbackDrafter
 from specviz.draft.model import ChainDrafter, DynamicTreeDrafter, TreeDrafter
 from specviz.draft.ngram import NgramDrafter
-from specviz.models.extension import w4a8_token_op
+from specviz.quant.extension import w4a8_token_op
 from specviz.models.fused import (FUSED_MAX_TOKENS, causal_over_cache, fuse_layers, fused_support, is_fused,
                                   layers_of)
-from specviz.models.kvcache import _direct_forward_supported, cache_length, crop_cache, forward_tokens, new_cache
+from specviz.models.kvcache import direct_forward_supported, cache_length, crop_cache, forward_tokens, new_cache
 from specviz.models.loading import load_model
-from specviz.models.loading import tiny_pair as make_tiny_pair
+from specviz.models.tiny import tiny_pair as make_tiny_pair
 from specviz.tree.core import path_to, tree_attention_mask
 from specviz.tree.shapes import expansion
 
@@ -106,8 +106,8 @@ def test_one_pass_holds_for_the_modules_forwards_too(w4_pair):
     """``fused-one-pass`` puts every product of the draft (head included) in one activation
     pass, so a tree forward through the modules is one pass as well; the other choices give
     each layer back the passes it was built with, and the fused call follows. A prefill is
-    one pass under every choice (the prompt's rule, :mod:`specviz.models.passes`)."""
-    from specviz.models.w4a8 import W4A8TokenLinear
+    one pass under every choice (the prompt's rule, :mod:`specviz.quant.passes`)."""
+    from specviz.quant.w4a8 import W4A8TokenLinear
 
     model = w4_pair.draft.model
     products = [m for m in model.modules() if isinstance(m, W4A8TokenLinear)]
@@ -202,7 +202,7 @@ def test_unsupported_models_say_why(w4_pair):
         forward_tokens(draft, new_cache(draft), ids, torch.arange(3)[None], None)  # the modules run, hook and all
     finally:
         handle.remove()
-    assert fused_support(draft) is None and _direct_forward_supported(draft)
+    assert fused_support(draft) is None and direct_forward_supported(draft)
 
 
 def test_the_operator_checks_its_inputs(w4_pair):

@@ -8,7 +8,7 @@ from specviz.draft.lookahead import (JacobiDrafter, LookaheadDrafter, guess_tree
                                      lookahead_window_mask)
 from specviz.draft.registry import build_drafter, parse_strategy
 from specviz.models.kvcache import forward_tokens, new_cache
-from specviz.models.loading import tiny_model, tiny_pair
+from specviz.models.tiny import tiny_model, tiny_pair
 from specviz.sampling import GREEDY, SamplingConfig
 from specviz.tree.core import DraftTree, forward_mask, pad_trees
 from specviz.tree.side import SideBranch

@@ -7,18 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import specviz.models.loading as models
-from specviz.models.loading import (
-    BuiltinModel,
-    TokenizerMismatchError,
-    check_same_tokenizer,
-    load_model,
-    load_pair,
-    parse_dtype,
-    tiny_model,
-    tiny_pair,
-    tiny_tokenizer,
-)
+import specviz.models.builtin as models
+from specviz.quant.weights import float_dtype
+from specviz.models.builtin import BuiltinModel
+from specviz.models.loading import check_same_tokenizer, load_model, load_pair
+from specviz.models.tiny import tiny_model, tiny_pair, tiny_tokenizer
+from specviz.models.types import TokenizerMismatchError
 
 
 def _fake_builtin(tmp_path: Path, monkeypatch, payload: bytes, n_parts: int = 2, size=None, sha=None,
@@ -123,14 +117,16 @@ def test_file_instead_of_directory(tmp_path):
         load_model(str(f))
 
 
-def test_dtype_parsing():
-    assert parse_dtype("bf16") is torch.bfloat16
-    assert parse_dtype("float32") is torch.float32
-    assert parse_dtype(torch.float16) is torch.float16
-    with pytest.raises(ValueError, match="unknown dtype 'int8'"):
-        parse_dtype("int8")
-    with pytest.raises(ValueError, match="unsupported dtype"):
-        parse_dtype(torch.int64)
+def test_float_dtype_parsing():
+    assert float_dtype("bf16") is torch.bfloat16
+    assert float_dtype("float32") is torch.float32
+    assert float_dtype(torch.float16) is torch.float16
+    with pytest.raises(ValueError, match="'w8a8-token' quantizes its weights"):
+        float_dtype("w8a8-token")
+    with pytest.raises(ValueError, match="unknown weight mode"):
+        float_dtype(torch.int64)
+    with pytest.raises(ValueError, match="resolve it into a mode first"):
+        float_dtype("auto")
 
 
 def test_local_directory_round_trip(tmp_path):

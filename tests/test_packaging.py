@@ -3,7 +3,7 @@
 import re
 from pathlib import Path
 
-from specviz.models.loading import BUILTIN_MODELS
+from specviz.models.builtin import BUILTIN_MODELS
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -6,10 +6,10 @@ import torch
 
 from specviz.decode.engine import plain_generate
 from specviz.models.kvcache import forward_tokens, new_cache
-from specviz.models.loading import tiny_model, tiny_pair
-from specviz.models.passes import prompt_in_one_pass, prompt_positions, prompt_rows
-from specviz.models.w4a8 import W4A8TokenLinear
-from specviz.models.weights import W8A8TokenLinear
+from specviz.models.tiny import tiny_model, tiny_pair
+from specviz.quant.passes import prompt_in_one_pass, prompt_positions, prompt_rows
+from specviz.quant.w4a8 import W4A8TokenLinear
+from specviz.quant.weights import W8A8TokenLinear
 from specviz.sampling import GREEDY
 
 PROMPT = [5, 17, 2, 40, 33, 8, 12, 90, 61]

@@ -12,10 +12,13 @@ from pathlib import Path
 
 import pytest
 
-import specviz.models.loading as models
+import specviz.models.builtin as models
+import specviz.models.loading as loading
 import specviz.study.runner as runner
 from specviz.locations import NOTEBOOKS_DIR
-from specviz.models.loading import BuiltinModel, builtin_cached, load_model, prepare_builtin, set_progress
+from specviz.models.builtin import BuiltinModel, builtin_cached, prepare_builtin, set_progress
+from specviz.models.loading import load_model
+from specviz.models.tiny import tiny_model
 from specviz.study.presets import NotebookRun, Preset, get_preset
 
 
@@ -45,7 +48,7 @@ def fake_model(tmp_path, monkeypatch):
     def dequantize(work: Path, gguf: Path):
         assert gguf.read_bytes()[:16] and gguf.stat().st_size == spec.size  # assembled in full
         calls.append(gguf.name)
-        tiny = models.tiny_model(seed=3)
+        tiny = tiny_model(seed=3)
         return tiny.model, tiny.tokenizer
 
     monkeypatch.setattr(models, "_dequantize_gguf", dequantize)
@@ -96,10 +99,10 @@ def test_progress_can_be_silenced_and_prepare_loads_nothing(fake_model, tmp_path
     monkeypatch.setattr("transformers.AutoModelForCausalLM.from_pretrained",
                         lambda *a, **k: loaded.append(a) or pytest.fail("prepare_builtin must not load fp32"))
     set_progress(False)
-    entry = prepare_builtin(spec.name, "int8", cache=cache)  # converted modes start from the fp32 entry
+    entry = prepare_builtin(spec.name, "w8a8-token", cache=cache)  # converted modes start from the fp32 entry
     assert entry == cache / "models" / f"{spec.name}-fp32" and (entry / "specviz.json").exists()
     assert capsys.readouterr().err == "" and calls and not loaded
-    assert builtin_cached(spec.name, "int8", cache=cache) and not builtin_cached(spec.name, "bf16", cache=cache)
+    assert builtin_cached(spec.name, "w8a8-token", cache=cache) and not builtin_cached(spec.name, "bf16", cache=cache)
     with pytest.raises(ValueError, match="not a built-in model"):
         prepare_builtin("no-such-model", cache=cache)
     with pytest.raises(ValueError, match="auto"):
@@ -115,14 +118,15 @@ def test_a_converted_mode_is_cached_once_per_machine_and_restored_bit_for_bit(fa
     spec, _ = fake_model
     cache = tmp_path / "cache"
     converts = []
-    real = models._convert
+    real = models.convert_model
 
     def convert(model, mode, tokenizer):
-        if mode.convert is not None:  # tiny_model casts through it too
+        if mode.convert is not None:  # a float mode casts through it too
             converts.append(mode.name)
         return real(model, mode, tokenizer)
 
-    monkeypatch.setattr(models, "_convert", convert)
+    monkeypatch.setattr(models, "convert_model", convert)  # the built-in cache converts through it
+    monkeypatch.setattr(loading, "convert_model", convert)
     first = load_model(spec.name, "w8a8-token", cache=cache)
     lines = _progress_lines(capsys.readouterr().err)
     assert converts == ["w8a8-token"]
@@ -158,8 +162,6 @@ def test_a_converted_mode_is_cached_once_per_machine_and_restored_bit_for_bit(fa
     fourth = load_model(spec.name, "w8a8-token", cache=cache)
     assert any("could not cache the w8a8-token layers" in line for line in _progress_lines(capsys.readouterr().err))
     assert fourth.weight_mode == "w8a8-token" and not list(entry.parent.glob(".tmp-*"))
-    load_model(spec.name, "int4", cache=cache)  # a mode whose layers are not cached converts every time
-    assert converts[-1] == "int4" and not (cache / "models" / f"{spec.name}-int4").exists()
 
 
 # -- the study prepares before the first notebook ---------------------------------------------

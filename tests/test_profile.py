@@ -13,15 +13,15 @@ from specviz.bench.profile import (KINDS, PROFILE_COLUMNS, aggregate_profile, op
                                    split_events)
 from specviz.decode.phases import PHASES, phase
 from specviz.draft.registry import build_drafter
-from specviz.models.loading import tiny_pair
+from specviz.models.tiny import tiny_pair
 
 IDS = [5, 9, 13, 5, 9, 13, 5, 9, 13, 21, 34, 55]
 
 
 def test_op_kinds():
     assert op_kind("quantized::linear_dynamic") == "int_products"
-    assert op_kind("aten::_weight_int8pack_mm") == "int_products"
-    assert op_kind("aten::_weight_int4pack_mm_for_cpu") == "int_products"
+    assert op_kind("aten::_int_mm") == "int_products"
+    assert op_kind("specviz::w4a8_token_linear") == "int_products"
     assert op_kind("aten::linear") == "float_products"
     assert op_kind("aten::addmm") == "float_products"
     assert op_kind("aten::scaled_dot_product_attention") == "attention"

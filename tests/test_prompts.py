@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from specviz.study.prompts import (
+from specviz.data.prompts import (
     CATEGORIES,
     DEFAULT_PROMPTS_PATH,
     Prompt,

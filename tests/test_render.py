@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 
-from specviz.models.loading import tiny_tokenizer
+from specviz.models.tiny import tiny_tokenizer
 from specviz.render import (
     COLLAPSE_ABOVE,
     FAMILY_COLORS,

@@ -15,7 +15,7 @@ from specviz.decode.scoring import TreeScorer, score_rules, score_rules_along
 from specviz.draft.model import DynamicTreeDrafter, TreeDrafter
 from specviz.metrics.acceptance import acceptance_summary, per_depth_table, records_table, summarize_steps
 from specviz.draft.ngram import NgramDrafter
-from specviz.study.store import ResultStore
+from specviz.data.store import ResultStore
 from specviz.sampling import SamplingConfig, make_generator
 from specviz.tree.shapes import chain, expansion, from_paths, kary
 from specviz.decode.replay import greedy_reference, replay_acceptance, replay_dynamic, replay_shape

@@ -1,4 +1,4 @@
-"""Tests for specviz.study.store: tables written atomically, and a unit store that resumes."""
+"""Tests for specviz.data.store: tables written atomically, and a unit store that resumes."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import stat
 import pandas as pd
 import pytest
 
-from specviz.study.store import ResultFileError, ResultStore, atomic_write_text, load_table, save_table, table_paths
+from specviz.data.store import ResultFileError, ResultStore, atomic_write_text, load_table, save_table, table_paths
 
 
 def test_save_and_load_table_round_trip(tmp_path):

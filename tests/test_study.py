@@ -16,6 +16,7 @@ import specviz.study.runner as study
 from specviz.locations import NOTEBOOKS_DIR
 from specviz.study.__main__ import main
 from specviz.study.notebooks import clean_notebook, export_html
+from specviz.study.parameters import notebook_fingerprint
 from specviz.study.presets import PRESETS, NotebookRun, Preset, StudyConfigError, get_preset
 from specviz.study.runner import declared_parameters, notebook_parameters, run_study
 
@@ -28,7 +29,7 @@ def _builtin_models_missing() -> list[str]:
     """Data packages of the built-in pair that are not installed (the smoke run needs them)."""
     import importlib.metadata
 
-    from specviz.models.loading import BUILTIN_MODELS
+    from specviz.models.builtin import BUILTIN_MODELS
 
     missing = []
     for spec in BUILTIN_MODELS.values():
@@ -51,7 +52,15 @@ def _parameters_cell(nb) -> nbformat.NotebookNode:
 def test_every_preset_runs_the_same_notebooks_in_the_same_order():
     orders = {name: [r.notebook for r in p.runs] for name, p in PRESETS.items()}
     assert orders["smoke"] == orders["quick"] == orders["standard"] == orders["full"]
-    assert orders["quick"] == sorted(orders["quick"])
+    assert orders["quick"][-1] == "08_report.ipynb"  # the report reads every other notebook's tables
+    assert orders["quick"][:-1] == sorted(orders["quick"][:-1])
+
+
+def test_a_report_that_does_not_run_last_is_refused():
+    quick = PRESETS["quick"]
+    runs = (quick.runs[-1],) + quick.runs[:-1]
+    with pytest.raises(ValueError, match="must run last"):
+        Preset("early-report", "the report first", runs, report="08_report")
 
 
 @pytest.mark.parametrize("preset", list(PRESETS))
@@ -131,9 +140,9 @@ def test_notebook_parameters_adds_what_the_notebook_declares(tmp_path):
                       "prompt_limit": 3}
     assert notebook_parameters(run, {"trials": {}}, tmp_path, limit=3) == {"trials": 5}
     # --dtype reaches the notebooks that declare a dtype parameter, and only those.
-    assert notebook_parameters(run, {"trials": {}, "dtype": {}}, tmp_path, dtype="w8a8") == {"trials": 5,
-                                                                                             "dtype": "w8a8"}
-    assert notebook_parameters(run, {"trials": {}}, tmp_path, dtype="w8a8") == {"trials": 5}
+    assert notebook_parameters(run, {"trials": {}, "dtype": {}}, tmp_path, dtype="w8a8-token") == {
+        "trials": 5, "dtype": "w8a8-token"}
+    assert notebook_parameters(run, {"trials": {}}, tmp_path, dtype="w8a8-token") == {"trials": 5}
     # --draft-dtype likewise, to the notebooks that declare draft_dtype
     assert notebook_parameters(run, {"trials": {}, "draft_dtype": {}}, tmp_path,
                                draft_dtype="w4a8-token") == {"trials": 5, "draft_dtype": "w4a8-token"}
@@ -148,9 +157,9 @@ def test_notebook_parameters_adds_what_the_notebook_declares(tmp_path):
 
 def test_fingerprint_ignores_out_dir_but_not_parameters():
     nb = NOTEBOOKS_DIR / STUDY_NOTEBOOKS[0]
-    base = study._fingerprint(nb, {"out_dir": "/a", "x": 1}, None)
-    assert base == study._fingerprint(nb, {"out_dir": "/b", "x": 1}, None)
-    assert base != study._fingerprint(nb, {"out_dir": "/a", "x": 2}, None)
+    base = notebook_fingerprint(nb, {"out_dir": "/a", "x": 1}, None)
+    assert base == notebook_fingerprint(nb, {"out_dir": "/b", "x": 1}, None)
+    assert base != notebook_fingerprint(nb, {"out_dir": "/a", "x": 2}, None)
 
 
 def test_clean_notebook_strips_run_metadata(tmp_path):
@@ -333,7 +342,7 @@ def test_missing_notebook_is_a_config_error(tmp_path):
 
 
 def test_a_preset_names_the_weight_mode_its_notebooks_run_in(tmp_path, monkeypatch):
-    from specviz.models import auto
+    from specviz.bench import auto
 
     assert PRESETS["quick"].dtype == "auto"  # the default study runs in this machine's fastest accurate mode
     assert dict(PRESETS["quick"].draft_dtypes) == {"w8a8-token": "w4a8-token"}  # with a 4-bit draft beside w8a8-token
@@ -365,7 +374,7 @@ def test_a_preset_names_the_weight_mode_its_notebooks_run_in(tmp_path, monkeypat
 def test_every_dtype_parameter_is_a_weight_mode():
     # --dtype (and a preset's dtype) reaches every notebook that declares ``dtype``: in each
     # one it must name the weight mode of the real models, whatever mode is passed
-    from specviz.models.weights import parse_weight_mode
+    from specviz.quant.weights import parse_weight_mode
     from specviz.study.runner import default_value
 
     declaring = []

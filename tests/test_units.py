@@ -15,8 +15,8 @@ from specviz.draft.registry import build_drafter
 from specviz.draft.ngram import NgramDrafter
 from specviz.draft.self_spec import self_speculative_model
 from specviz.metrics.acceptance import label_rows
-from specviz.study.prompts import Prompt
-from specviz.study.store import ResultStore
+from specviz.data.prompts import Prompt
+from specviz.data.store import ResultStore
 from specviz.models.fused import is_fused
 from specviz.study.units import (DYNAMIC_STRATEGY, candidates_from, cost_units, drafter_units, dynamic_units,
                                  layer_units, rank_units, ranks_from, reference_id, reference_units, references_from,

@@ -8,11 +8,11 @@ import torch
 
 from specviz.decode.engine import plain_generate, speculative_generate
 from specviz.draft.model import ChainDrafter
-from specviz.models.extension import w4a8_token_op
+from specviz.quant.extension import w4a8_token_op
 from specviz.models.loading import load_model
-from specviz.models.loading import tiny_pair as make_tiny_pair
-from specviz.models.w4a8 import W4_GROUP, W4A8TokenLinear, pack_w4, unpack_w4
-from specviz.models.weights import SharedInputGroup, SharedInputSlice
+from specviz.models.tiny import tiny_pair as make_tiny_pair
+from specviz.quant.w4a8 import W4_GROUP, W4A8TokenLinear, pack_w4, unpack_w4
+from specviz.quant.weights import SharedInputGroup, SharedInputSlice
 
 PROMPT = "def fibonacci(n):"
 
@@ -142,7 +142,7 @@ def test_rows_of_a_layer_are_its_channels_bit_for_bit():
     rows = torch.tensor([5, 199, 64, 0, 130, 77])
     sub = layer.rows(rows)
     codes, scales, minimums = unpack_w4(layer.packed)
-    from specviz.models.w4a8 import layout_w4
+    from specviz.quant.w4a8 import layout_w4
 
     assert torch.equal(sub.packed, layout_w4(codes[rows], scales[rows], minimums[rows]))
     x = torch.randn(3, 130)

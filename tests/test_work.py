@@ -14,7 +14,7 @@ import pytest
 from specviz.study.__main__ import main
 from specviz.study.presets import NotebookRun, Preset, StudyConfigError
 from specviz.study.runner import run_study
-from specviz.study.store import ResultStore
+from specviz.data.store import ResultStore
 from specviz.study.units import reference_units, references_from
 from specviz.study.work import ModelSpec, Work, scaling_estimate
 
@@ -37,7 +37,7 @@ def cluster():
 
 
 def _prompts(n):
-    from specviz.study.prompts import Prompt
+    from specviz.data.prompts import Prompt
 
     return [Prompt(i, "code", (f"def f{i}(x):\n    return x * {i}",)) for i in range(1, n + 1)]
 
@@ -142,7 +142,7 @@ def test_scaling_estimate_schedules_longest_first():
 
 
 def test_workers_and_scheduler_are_checked(tmp_path, capsys, monkeypatch):
-    import specviz.models.auto as auto
+    import specviz.bench.auto as auto
 
     def no_probe(*args, **kwargs):
         raise AssertionError("auto was resolved (a probe of this machine) before the scheduler was checked")

@@ -20,7 +20,7 @@ Usage::
     python -m specviz.bench --limit 7 --max-new-tokens 128                   # one prompt per category
     python -m specviz.bench --limit 7 --max-new-tokens 128 --temperature 0.7
     python -m specviz.bench --methods hf-assisted dynamic-k8-d6-n32 ngram-n4-k10 --out tuning.csv
-    python -m specviz.bench --dtype int8 --llama-cpp ~/llama.cpp/build --methods chain-k2 llama-plain llama-spec-k2
+    python -m specviz.bench --dtype w8a8-token --llama-cpp ~/llama.cpp/build --methods chain-k2 llama-plain llama-spec-k2
     python -m specviz.bench --dtype bf16 --limit 7 --max-new-tokens 128 --heads <medusa result> \
         --methods merged-medusa-n4+ngram-n3-k8 ngram-n3-k8 llama-ngram-n3-k8 --llama-cpp ~/llama.cpp/build
     python -m specviz.bench --device cuda --dtype bf16 --limit 7
@@ -61,7 +61,7 @@ from specviz.bench.e2e import (
 from specviz.bench.llama import LLAMA_BINARIES, find_llama_cpp
 from specviz.draft.registry import MethodSpec, build_drafter, heads_kinds
 from specviz.locations import output_path
-from specviz.models.auto import is_auto, resolve_auto
+from specviz.bench.auto import is_auto, resolve_auto
 from specviz.models.device import resolve_device
 from specviz.models.fused import DEFAULT_DRAFT_LAYERS, DRAFT_LAYERS
 
@@ -115,10 +115,10 @@ def _e2e_parser() -> argparse.ArgumentParser:
                    help="builtin: --target and --draft (default); tiny: specviz's tiny random pair (tests)")
     p.add_argument("--target", default=None, help="target model (default: the built-in 1.5B)")
     p.add_argument("--draft", default=None, help="draft model (default: the built-in 0.5B)")
-    p.add_argument("--dtype", default="bf16",
-                   help="weight mode of both models: fp32, bf16 (default), fp16, fp32-wx, int8, int4, w8a8, w8a8-token, "
-                        "w4a8-token, or auto "
-                        "(the fastest mode that passes the accuracy bar on this machine, probed once and cached)")
+    p.add_argument("--dtype", default="auto",
+                   help="weight mode of both models: fp32, bf16, fp16, w8a8-token, w4a8-token, or auto (default: "
+                        "the fastest mode that passes the accuracy bar on this machine, probed once and cached; "
+                        "fp32 for the tiny models)")
     p.add_argument("--draft-dtype", default=None,
                    help="weight mode of the draft model alone (default: --dtype), e.g. w4a8-token: a draft's "
                         "accuracy costs acceptance, never exactness; plain decoding and the peers keep --dtype")
@@ -193,7 +193,7 @@ def _heads_env(entries: Sequence[str] | None) -> tuple[str, str] | None:
     ``--heads`` result directories, checked (trained heads there, one per kind); None without any."""
     if not entries:
         return None
-    from specviz.heads.training import HEADS_ENV, read_result_meta
+    from specviz.models.saved_heads import HEADS_ENV, read_result_meta
 
     kinds = {}
     for entry in entries:
@@ -226,7 +226,9 @@ def _environment(setting: tuple[str, str] | None):
 
 
 def _load_models(args: argparse.Namespace):
-    from specviz.models.loading import DEFAULT_DRAFT, DEFAULT_TARGET, load_pair, tiny_pair
+    from specviz.models.builtin import DEFAULT_DRAFT, DEFAULT_TARGET
+    from specviz.models.loading import load_pair
+    from specviz.models.tiny import tiny_pair
 
     dtype = args.dtype
     if args.models == "tiny":
@@ -239,8 +241,8 @@ def _load_models(args: argparse.Namespace):
 def _resolve_models(args: argparse.Namespace) -> tuple[tuple[str, str], torch.device]:
     """The (target, draft) names, with ``args.dtype`` resolved to a weight mode's name
     (``auto`` probed), ``args.device`` to a device and ``--threads`` applied."""
-    from specviz.models.loading import DEFAULT_DRAFT, DEFAULT_TARGET
-    from specviz.models.weights import parse_weight_mode
+    from specviz.models.builtin import DEFAULT_DRAFT, DEFAULT_TARGET
+    from specviz.quant.weights import parse_weight_mode
 
     if args.models == "tiny":
         names = ("tiny-qwen2-seed0", "tiny-qwen2-seed0-draft")
@@ -292,7 +294,7 @@ def _existing_rows(out: Path, fresh: bool) -> pd.DataFrame:
         raise _UsageError(f"cannot resume from {out}: {exc}; pass --fresh or another --out") from None
     if list(df.columns) != list(COLUMNS):
         raise _UsageError(f"{out} has columns of another version of the benchmark; pass --fresh or another --out")
-    from specviz.models.weights import parse_weight_mode
+    from specviz.quant.weights import parse_weight_mode
 
     # Older files name float modes by their torch dtype ("bfloat16"): one name per mode.
     for col in ("dtype", "draft_dtype"):
@@ -303,7 +305,7 @@ def _existing_rows(out: Path, fresh: bool) -> pd.DataFrame:
 def _heads_in_use(specs: list[MethodSpec], target: str) -> dict[str, str]:
     """Each head strategy's trained-heads result directory name (what
     :func:`specviz.bench.e2e.drafter_label` records), for the ones whose heads are found."""
-    from specviz.heads.training import find_heads
+    from specviz.models.saved_heads import find_heads
 
     found = {}
     for s in specs:
@@ -402,7 +404,7 @@ def _e2e(argv: list[str]) -> int:
 
 
 def _run(args: argparse.Namespace, specs: list[MethodSpec]) -> int:
-    from specviz.study.prompts import load_prompts
+    from specviz.data.prompts import load_prompts
 
     try:
         prompts = load_prompts(args.prompts, limit=args.limit)
@@ -443,12 +445,12 @@ def _run(args: argparse.Namespace, specs: list[MethodSpec]) -> int:
         passes = "one activation pass" if args.draft_layers == "fused-one-pass" else "two activation passes"
         print(f"draft decoder layers: {args.draft_layers} (one compiled call per layer, {passes})")
     if "w8a8-token" in (dtype, args.draft_dtype):
-        from specviz.models.extension import fused_op_status, vnni_kernel
+        from specviz.quant.extension import fused_op_status, vnni_kernel
 
         vnni = " (with its AVX-512 VNNI kernel for short forwards)" if vnni_kernel() else ""
         print(f"w8a8-token layers: {fused_op_status()}{vnni}")
     if "w4a8-token" in (dtype, args.draft_dtype):
-        from specviz.models.extension import fused_op_status, vnni_kernel
+        from specviz.quant.extension import fused_op_status, vnni_kernel
 
         how = "AVX-512 VNNI kernel" if vnni_kernel() else "AVX2 kernel"
         print(f"w4a8-token layers: {fused_op_status()}, {how}")
@@ -599,7 +601,7 @@ def _measure(args, specs: list[MethodSpec], prompts, rounds, existing: pd.DataFr
                               "pass --draft-layers modules")
         kinds = sorted(set().union(*(heads_kinds(s) for s in specs if s.is_strategy)))
         if kinds:
-            from specviz.heads.training import find_heads
+            from specviz.models.saved_heads import find_heads
 
             for kind in kinds:
                 try:
@@ -726,7 +728,7 @@ def _profile_parser() -> argparse.ArgumentParser:
         prog="python -m specviz.bench profile",
         description="Where a decoding run's time goes: each method's greedy generation under torch's profiler, "
                     "split by phase of the engine (prefill, draft, tree, forward, verify, update, cache, other) "
-                    "and by kind of work (int8/int4 products, float products, attention, other operators, "
+                    "and by kind of work (integer products, float products, attention, other operators, "
                     "Python), in milliseconds per generated token.")
     p.add_argument("--methods", nargs="+", default=["specviz-plain", "chain-k2", "ngram-n3-k8"], metavar="METHOD",
                    help="methods in the benchmark's grammar (default: specviz-plain chain-k2 ngram-n3-k8); "
@@ -740,7 +742,7 @@ def _profile_parser() -> argparse.ArgumentParser:
                    help="builtin: --target and --draft (default); tiny: specviz's tiny random pair (tests)")
     p.add_argument("--target", default=None, help="target model (default: the built-in 1.5B)")
     p.add_argument("--draft", default=None, help="draft model (default: the built-in 0.5B)")
-    p.add_argument("--dtype", default="bf16", help="weight mode of both models, as for the benchmark (default bf16)")
+    p.add_argument("--dtype", default="auto", help="weight mode of both models, as for the benchmark (default auto)")
     p.add_argument("--draft-dtype", default=None, help="weight mode of the draft alone (default: --dtype)")
     p.add_argument("--draft-layers", choices=DRAFT_LAYERS, default=DEFAULT_DRAFT_LAYERS,
                    help="how a w4a8-token draft runs its decoder layers (default: %(default)s)")
@@ -755,7 +757,7 @@ def _profile_parser() -> argparse.ArgumentParser:
 
 def _profile(argv: list[str]) -> int:
     from specviz.bench.profile import check_profilable
-    from specviz.study.prompts import load_prompts
+    from specviz.data.prompts import load_prompts
 
     args = _profile_parser().parse_args(argv)
     _check_counts(args)

@@ -42,7 +42,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from specviz.attention.hf import specviz_attention_forward
 from specviz.attention.kernels import causal_attention, per_path_attention, tree_attention
-from specviz.models.loading import parse_dtype
+from specviz.quant.weights import float_dtype
 from specviz.sampling import make_generator
 from specviz.tree.sequoia import sequoia_tree
 from specviz.tree.shapes import TreeShape
@@ -108,7 +108,7 @@ def default_timing_shapes(budgets: Sequence[int] = (8, 16, 32, 64), *,
 
     Args:
         budgets: draft nodes per tree (root excluded), each >= 1.
-        acceptance: positional acceptance vector (see :func:`specviz.sequoia.sequoia_tree`).
+        acceptance: positional acceptance vector (see :func:`specviz.tree.sequoia.sequoia_tree`).
         max_depth: depth limit of the trees.
 
     Returns:
@@ -306,49 +306,54 @@ def time_tree_attention(
     prefix_lens = check_ints("prefix_lens", prefix_lens, 0)
     if not isinstance(dims, AttentionDims):
         raise TypeError(f"dims must be an AttentionDims, got {type(dims).__name__}")
-    dt = parse_dtype(dtype)
+    dt = float_dtype(dtype)
     gen = make_generator(seed)
-    hq, hkv, d = dims.n_q_heads, dims.n_kv_heads, dims.head_dim
+    timing = dict(warmup=warmup, repeats=repeats, min_time_s=min_time_s)
     rows = []
     with torch.inference_mode():
         for name, shape in items:
-            n = shape.n_nodes
             for b in batch_sizes:
                 for p in prefix_lens:
-                    s = p + n
-                    q = torch.randn(b, hq, n, d, generator=gen).to(dt)  # (B, Hq, N, D)
-                    k = torch.randn(b, hkv, s, d, generator=gen).to(dt)  # (B, Hkv, S, D)
-                    v = torch.randn(b, hkv, s, d, generator=gen).to(dt)  # (B, Hkv, S, D)
-                    mask = tree_attention_mask(shape.parents, p).expand(b, n, s).contiguous()  # (B, N, S)
-                    tree_out = tree_attention(q, k, v, mask)
-                    path_out = per_path_attention(q, k, v, shape, p)
-                    diff = float((tree_out.float() - path_out.float()).abs().max())
-                    t_tree = time_call(lambda: tree_attention(q, k, v, mask), warmup=warmup,
-                                       repeats=repeats, min_time_s=min_time_s)
-                    t_path = time_call(lambda: per_path_attention(q, k, v, shape, p), warmup=warmup,
-                                       repeats=repeats, min_time_s=min_time_s)
-                    t_causal = time_call(lambda: causal_attention(q, k, v), warmup=warmup,
-                                         repeats=repeats, min_time_s=min_time_s)
-                    work = attention_work(shape, p)
-                    row = {
-                        "shape": name, "budget": shape.budget, "n_nodes": n, "depth": shape.depth,
-                        "n_leaves": len(leaves(shape.parents)), "batch_size": b, "prefix_len": p,
-                        "n_keys": s, "n_q_heads": hq, "n_kv_heads": hkv, "head_dim": d,
-                        "dtype": str(dt).removeprefix("torch."), "threads": torch.get_num_threads(),
-                        "repeats": repeats,
-                        "tree_ms": 1e3 * t_tree.median_s, "per_path_ms": 1e3 * t_path.median_s,
-                        "causal_ms": 1e3 * t_causal.median_s,
-                        "tree_min_ms": 1e3 * t_tree.min_s, "per_path_min_ms": 1e3 * t_path.min_s,
-                        "causal_min_ms": 1e3 * t_causal.min_s,
-                        "tree_vs_causal": t_tree.median_s / t_causal.median_s,
-                        "per_path_vs_tree": t_path.median_s / t_tree.median_s,
-                        "per_path_vs_tree_scores": work.per_path_vs_tree,
-                        "max_abs_diff": diff,
-                    }
+                    row = _tree_timing_row(name, shape, b, p, dims, dt, gen, timing)
                     rows.append(row)
                     if on_row is not None:
                         on_row(row)
     return pd.DataFrame(rows, columns=list(TIMING_COLUMNS))
+
+
+def _tree_timing_row(name: str, shape: TreeShape, b: int, p: int, dims: AttentionDims, dt: torch.dtype,
+                     gen: torch.Generator, timing: Mapping[str, float]) -> dict:
+    """One row of :func:`time_tree_attention`: ``shape`` over ``b`` rows with ``p`` prefix keys,
+    on q, k, v drawn from ``gen``; ``timing`` holds :func:`time_call`'s settings."""
+    hq, hkv, d = dims.n_q_heads, dims.n_kv_heads, dims.head_dim
+    n = shape.n_nodes
+    s = p + n
+    q = torch.randn(b, hq, n, d, generator=gen).to(dt)  # (B, Hq, N, D)
+    k = torch.randn(b, hkv, s, d, generator=gen).to(dt)  # (B, Hkv, S, D)
+    v = torch.randn(b, hkv, s, d, generator=gen).to(dt)  # (B, Hkv, S, D)
+    mask = tree_attention_mask(shape.parents, p).expand(b, n, s).contiguous()  # (B, N, S)
+    tree_out = tree_attention(q, k, v, mask)
+    path_out = per_path_attention(q, k, v, shape, p)
+    diff = float((tree_out.float() - path_out.float()).abs().max())
+    t_tree = time_call(lambda: tree_attention(q, k, v, mask), **timing)
+    t_path = time_call(lambda: per_path_attention(q, k, v, shape, p), **timing)
+    t_causal = time_call(lambda: causal_attention(q, k, v), **timing)
+    work = attention_work(shape, p)
+    return {
+        "shape": name, "budget": shape.budget, "n_nodes": n, "depth": shape.depth,
+        "n_leaves": len(leaves(shape.parents)), "batch_size": b, "prefix_len": p,
+        "n_keys": s, "n_q_heads": hq, "n_kv_heads": hkv, "head_dim": d,
+        "dtype": str(dt).removeprefix("torch."), "threads": torch.get_num_threads(),
+        "repeats": timing["repeats"],
+        "tree_ms": 1e3 * t_tree.median_s, "per_path_ms": 1e3 * t_path.median_s,
+        "causal_ms": 1e3 * t_causal.median_s,
+        "tree_min_ms": 1e3 * t_tree.min_s, "per_path_min_ms": 1e3 * t_path.min_s,
+        "causal_min_ms": 1e3 * t_causal.min_s,
+        "tree_vs_causal": t_tree.median_s / t_causal.median_s,
+        "per_path_vs_tree": t_path.median_s / t_tree.median_s,
+        "per_path_vs_tree_scores": work.per_path_vs_tree,
+        "max_abs_diff": diff,
+    }
 
 
 #: Columns of :func:`time_verify_attention`'s table, in order.
@@ -397,7 +402,7 @@ def time_verify_attention(
     prefix_lens = check_ints("prefix_lens", prefix_lens, 1)
     if not isinstance(dims, AttentionDims):
         raise TypeError(f"dims must be an AttentionDims, got {type(dims).__name__}")
-    dt = parse_dtype(dtype)
+    dt = float_dtype(dtype)
     gen = make_generator(seed)
     hq, hkv, d = dims.n_q_heads, dims.n_kv_heads, dims.head_dim
     layer = SimpleNamespace(num_key_value_groups=hq // hkv, is_causal=True)  # what sdpa reads of the module

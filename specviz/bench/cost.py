@@ -10,7 +10,7 @@ with ``N`` the tree's nodes (root included). :func:`forward_cost_curve` measures
 ``t(n)``, the time of one forward of ``n`` new tokens after a fixed prefix, for the
 target and the draft; :class:`CostModel` interpolates the curves;
 :func:`tree_step_cost` prices one step of a static shape the way
-:class:`~specviz.drafters.TreeDrafter` runs it (one draft forward to catch up on the
+:class:`~specviz.draft.model.TreeDrafter` runs it (one draft forward to catch up on the
 bonus token, then one per level of nodes that have children);
 :func:`sequoia_plan` scores Sequoia's optimal tree at every (budget, depth limit)
 with it, which answers "which tree size is best on this hardware";
@@ -35,7 +35,7 @@ from specviz.draft.base import Drafter
 from specviz.metrics.acceptance import acceptance_numbers, summarize_steps
 from specviz.models.device import synchronize
 from specviz.models.kvcache import crop_cache, forward_tokens, new_cache
-from specviz.models.loading import LoadedModel
+from specviz.models.types import LoadedModel
 from specviz.sampling import GREEDY, make_generator
 from specviz.tree.sequoia import expected_tokens, sequoia_tree
 from specviz.tree.core import children_lists
@@ -75,7 +75,7 @@ def forward_cost_curve(model: LoadedModel, sizes: Sequence[int], *, prefix_len: 
         sizes: new-token counts, each >= 1.
         prefix_len: tokens already in the cache; 0 times a prefill of ``n`` prompt tokens
             into an empty cache.
-        warmup, repeats: as in :func:`specviz.timing.time_call` (one call per repeat).
+        warmup, repeats: as in :func:`specviz.bench.attention.time_call` (one call per repeat).
         seed: seeds the random token ids.
 
     Returns:

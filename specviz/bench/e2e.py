@@ -236,7 +236,7 @@ def _bf16_twin(target):
     key = (id(target), target.name)
     if key not in _BF16_TWINS:
         from specviz.models.loading import load_model
-        from specviz.models.weights import WEIGHT_MODES
+        from specviz.quant.weights import WEIGHT_MODES
 
         source = target if WEIGHT_MODES[target.weight_mode].convert is None else target.name
         _BF16_TWINS.clear()  # one twin at a time: a 1.5B bf16 copy is 3 GB
@@ -246,7 +246,7 @@ def _bf16_twin(target):
 
 def _run_peer(spec: MethodSpec, pair, ids: list[int], max_new_tokens: int, temperature: float, seed: int,
               eos: tuple[int, ...]) -> Generation:
-    from specviz.models.passes import prompt_in_one_pass
+    from specviz.quant.passes import prompt_in_one_pass
 
     model = (_bf16_twin(pair.target) if spec.family == "plain-bf16" else pair.target).model
     pad = pair.target.tokenizer.pad_token_id
@@ -287,7 +287,7 @@ def _run_llama(spec: MethodSpec, pair, ids: list[int], max_new_tokens: int, temp
     import torch
 
     from specviz.bench.llama import llama_ngram, llama_plain, llama_speculative
-    from specviz.models.loading import BUILTIN_MODELS, builtin_gguf
+    from specviz.models.builtin import BUILTIN_MODELS, builtin_gguf
 
     if llama_cpp is None:
         raise ValueError(f"method {spec.name!r} needs llama.cpp's programs (--llama-cpp DIR, or on PATH)")

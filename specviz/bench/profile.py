@@ -9,7 +9,7 @@ profiled run's wall time two ways:
   and :func:`specviz.decode.plain_generate` open around each part of a step; time outside
   every range (the loop itself) is ``other``. transformers' own methods (``plain``,
   ``hf-*``) open none, so their whole run is ``other``;
-* within each phase, by **kind** of work (:data:`KINDS`): int8/int4 matrix products (the
+* within each phase, by **kind** of work (:data:`KINDS`): integer matrix products (the
   quantized weight modes' kernels), float matrix products, attention, every other operator
   (norms, rotary embeddings, activation quantization, copies, argmax...), and ``python``:
   time inside the phase but in no operator, i.e. the interpreter running transformers'
@@ -48,8 +48,7 @@ PROFILE_COLUMNS: tuple[str, ...] = (
     "dtype", "threads",
 )
 
-_INT_PRODUCTS = ("quantized::", "_weight_int8pack_mm", "_weight_int4pack_mm", "_int_mm", "specviz::w8a8_token_linear",
-                 "specviz::w4a8_token_linear")
+_INT_PRODUCTS = ("quantized::", "_int_mm", "specviz::w8a8_token_linear", "specviz::w4a8_token_linear")
 _FLOAT_PRODUCTS = ("aten::linear", "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul",
                    "aten::addmv", "aten::mv", "aten::dot")
 

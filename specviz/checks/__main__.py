@@ -3,10 +3,10 @@ the sections)::
 
     python -m specviz.checks                        # full: 10 prompts x 128 tokens, every section
     python -m specviz.checks --prompts 3 --tokens 32 --sections identity
-    python -m specviz.checks --sections w8a8,accuracy   # identity in w8a8; every mode's accuracy bar
+    python -m specviz.checks --sections w8a8-token,accuracy   # identity in w8a8-token; every mode's accuracy bar
 
 Sections: ``identity`` (fp32: speculative output must equal plain decoding), a weight mode
-name (``bf16``, ``int8``, ``w8a8``, ...: the same comparison in that mode, divergences
+name (``bf16``, ``w8a8-token``, ...: the same comparison in that mode, divergences
 reported with their near-tie margins), ``accuracy`` (teacher-forced greedy top-1 agreement
 of each mode of ``--accuracy-modes`` with fp32, per category, against the bar of bf16's
 agreement minus 0.02) and ``adaptive``.
@@ -27,16 +27,17 @@ from specviz.checks.identity import (
     format_checks,
     format_schedules,
 )
-from specviz.models.loading import DEFAULT_DRAFT, DEFAULT_TARGET, load_model, load_pair
+from specviz.models.builtin import DEFAULT_DRAFT, DEFAULT_TARGET
+from specviz.models.loading import load_model, load_pair
 from specviz.models.device import resolve_device
-from specviz.models.weights import WEIGHT_MODES, parse_weight_mode
-from specviz.study.store import ResultStore
+from specviz.quant.weights import WEIGHT_MODES, parse_weight_mode
+from specviz.data.store import ResultStore
 
 __all__ = ["main"]
 
 
 def _prompts(n: int) -> list[str]:
-    from specviz.study.prompts import load_prompts
+    from specviz.data.prompts import load_prompts
 
     return [p.text for p in load_prompts(limit=n)]
 
@@ -47,10 +48,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=10, help="prompts from the shipped set (default 10)")
     parser.add_argument("--tokens", type=int, default=128, help="new tokens per prompt (default 128)")
     parser.add_argument("--sections", default="identity,bf16,adaptive",
-                        help="comma-separated: identity (fp32), a weight mode (bf16, int8, w8a8, ...), accuracy, "
+                        help="comma-separated: identity (fp32), a weight mode (bf16, w8a8-token, ...), accuracy, "
                              "adaptive (default identity,bf16,adaptive)")
-    parser.add_argument("--accuracy-modes", default="bf16,int8,int4,w8a8,w8a8-token",
-                        help="weight modes the accuracy section compares with fp32 (default bf16,int8,int4,w8a8,w8a8-token)")
+    parser.add_argument("--accuracy-modes", default="bf16,w8a8-token,w4a8-token",
+                        help="weight modes the accuracy section compares with fp32 (default bf16,w8a8-token,w4a8-token)")
     parser.add_argument("--chunk", type=int, default=4,
                         help="accuracy: continuation tokens per forward, as verification feeds them (default 4)")
     parser.add_argument("--drafters", default="",
@@ -145,7 +146,7 @@ def _accuracy(args, modes: list[str], log, device_for) -> dict:
     import pandas as pd
 
     from specviz.checks.accuracy import accuracy_bar, agreement_by_category, agreement_table, reference_texts
-    from specviz.study.prompts import load_prompts
+    from specviz.data.prompts import load_prompts
 
     prompts = load_prompts(limit=args.prompts)
     log(f"accuracy: fp32 references for {len(prompts)} prompts x {args.tokens} tokens")

@@ -22,8 +22,8 @@ import torch
 
 from specviz.decode.engine import plain_generate
 from specviz.models.kvcache import forward_tokens, new_cache
-from specviz.models.loading import LoadedModel
-from specviz.study.prompts import Prompt
+from specviz.models.types import LoadedModel
+from specviz.data.prompts import Prompt
 from specviz.validate import check_int
 
 __all__ = [
@@ -65,8 +65,9 @@ def greedy_choices(model: LoadedModel, token_ids: Sequence[int], prompt_len: int
 
     With ``chunk`` None, from one forward. Otherwise the first ``prompt_len`` tokens go in
     one forward (the prefill) and the rest through the KV cache ``chunk`` tokens at a time,
-    as decoding (1) or verification (a few) feeds them: the way to measure a mode whose
-    product depends on how many tokens a forward holds (``w8a8``).
+    as decoding (1) or verification (a few) feeds them: the way to measure a mode as
+    decoding computes it (the token modes run a prompt's rows in one activation pass and
+    the later rows in two, :mod:`specviz.quant.passes`).
     """
     ids = torch.tensor([list(token_ids)])  # (1, L)
     length = ids.shape[1]

@@ -46,8 +46,8 @@ from specviz.draft.model import ChainDrafter, TreeDrafter
 from specviz.draft.registry import build_drafter
 from specviz.draft.vocab import draft_vocabulary
 from specviz.metrics.acceptance import summarize
-from specviz.models.loading import LoadedModel, ModelPair
-from specviz.study.store import ResultStore
+from specviz.models.types import LoadedModel, ModelPair
+from specviz.data.store import ResultStore
 from specviz.tree.shapes import from_paths
 
 __all__ = [
@@ -174,7 +174,7 @@ def references(target: LoadedModel, prompts: Sequence[str], max_new_tokens: int,
                log: Callable[[str], None] = print) -> list[GenerationResult]:
     """Target-only greedy outputs of ``prompts`` (end-of-sequence tokens ignored), each
     read from ``store`` when it is there and added to it when computed
-    (:func:`specviz.sweep.greedy_reference`, keyed by model, dtype, budget and prompt ids)."""
+    (:func:`specviz.decode.replay.greedy_reference`, keyed by model, dtype, budget and prompt ids)."""
     tag = _mode_tag(target)
     out = []
     for i, p in enumerate(prompts):

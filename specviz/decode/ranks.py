@@ -19,8 +19,8 @@ from typing import Iterable, Sequence
 import torch
 
 from specviz.models.device import model_device
-from specviz.models.loading import LoadedModel
-from specviz.models.passes import prompt_in_one_pass
+from specviz.models.types import LoadedModel
+from specviz.quant.passes import prompt_in_one_pass
 from specviz.tree.sequoia import positional_acceptance_from_counts
 from specviz.validate import check_int
 

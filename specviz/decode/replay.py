@@ -37,14 +37,15 @@ from typing import Sequence
 
 import torch
 
-from specviz.decode.engine import (_checked_tree, _check_drafter, _finish, _limit_depth, _Row, encode_prompt,
-                                   plain_generate, stop_rules)
+from specviz.decode.plain import plain_generate
+from specviz.decode.prompts import encode_prompt, stop_rules
 from specviz.decode.records import GenerationResult, StepRecord, StepTrace, StopRules
+from specviz.decode.rows import Row, check_drafter, finish_row, step_tree
 from specviz.draft.base import Drafter, draft_all
 from specviz.draft.model import DynamicTreeDrafter
-from specviz.models.loading import LoadedModel
+from specviz.models.types import LoadedModel
 from specviz.sampling import GREEDY, make_generator
-from specviz.study.store import ResultStore
+from specviz.data.store import ResultStore
 from specviz.tree.core import DraftTree, children_lists, depths, greedy_walk
 from specviz.tree.shapes import TreeShape
 from specviz.validate import check_int, check_ints
@@ -95,21 +96,20 @@ def replay_acceptance(target: LoadedModel, drafter: Drafter, reference: Generati
     if not reference.config.greedy:
         raise ValueError(f"replay needs a greedy reference, got temperature {reference.config.temperature}")
     budget = check_int("max_new_tokens", reference.max_new_tokens if max_new_tokens is None else max_new_tokens)
-    _check_drafter(target, drafter)
+    check_drafter(target, drafter)
     if drafter.needs_target_outputs:
         raise ValueError(f"drafter {drafter.name!r} guesses from the target's outputs at every step (its window or "
                          "last predictions), which a replay does not compute; run it live with speculative_generate")
     start = time.perf_counter()
     stops = stop_rules(target, budget, stop_at_eos)
     cont = list(reference.output_ids)
-    row = _Row(list(reference.prompt_ids), drafter, make_generator(0))
+    row = Row(list(reference.prompt_ids), drafter, make_generator(0))
     drafter.reset()
     while not row.stop_reason:
-        room = stops.room(len(row.prompt), row.generated)
         t0 = time.perf_counter()
         tree = drafter.draft(torch.tensor(row.tokens), GREEDY, "greedy", row.generator)
         draft_time = time.perf_counter() - t0
-        tree = _limit_depth(_checked_tree(tree, drafter, row.tokens, target.vocab_size), room - 1)
+        tree = step_tree(row, tree, stops, target.vocab_size)
         acc = _replay_step(tree, cont, row.generated)
         trace = StepTrace(step=len(row.steps), tree=tree, acceptance=acc,
                           target_token_probs=torch.full((tree.n_nodes,), float("nan")),
@@ -118,7 +118,7 @@ def replay_acceptance(target: LoadedModel, drafter: Drafter, reference: Generati
         row.steps.append(trace)
         drafter.observe(trace)
         row.commit(acc.committed_tokens, stops)
-    return _finish(target, row, start, drafter.name, "greedy", GREEDY, budget)
+    return finish_row(target, row, start, drafter.name, "greedy", GREEDY, budget)
 
 
 def _replay_step(tree: DraftTree, continuation: list[int], offset: int) -> Acceptance:
@@ -153,7 +153,7 @@ def _replay_step(tree: DraftTree, continuation: list[int], offset: int) -> Accep
 # -- greedy references ----------------------------------------------------------------------
 
 def reference_key(target: LoadedModel, prompt_ids: Sequence[int], max_new_tokens: int) -> str:
-    """Unit id of a greedy reference in a :class:`~specviz.results.ResultStore`: the
+    """Unit id of a greedy reference in a :class:`~specviz.data.store.ResultStore`: the
     target, its dtype, the token budget and a hash of the prompt ids."""
     digest = hashlib.sha256(" ".join(map(str, prompt_ids)).encode()).hexdigest()[:16]
     dtype = str(target.dtype).removeprefix("torch.")
@@ -213,9 +213,11 @@ class _Continuation:
 
     @property
     def budget(self) -> int:
+        """The replay's token budget."""
         return self.stops.max_new_tokens
 
     def room(self, generated: int) -> int:
+        """Tokens a step may still commit after ``generated`` (:meth:`StopRules.room`)."""
         return self.stops.room(self.prompt_len, generated)
 
     def commit(self, generated: int, accepted: int) -> tuple[int, bool]:
@@ -340,7 +342,7 @@ def replay_oracle(ranks: torch.Tensor, reference: GenerationResult, budget: int,
 
 def _path_scores(tree: DraftTree) -> list[float]:
     """Cumulative draft log-probability of every node's path, summed root to node in the
-    order :class:`~specviz.drafters.DynamicTreeDrafter` sums it (root = 0)."""
+    order :class:`~specviz.draft.model.DynamicTreeDrafter` sums it (root = 0)."""
     q = tree.q.tolist()
     parents = tree.parents.tolist()
     score = [0.0] * len(q)
@@ -406,10 +408,12 @@ class _DynamicReplay:
                 self.active.discard(b)
 
     def result(self) -> dict[int, tuple[StepRecord, ...]]:
+        """``{budget: steps}`` of every budget."""
         return {b: tuple(r) for b, r in self.records.items()}
 
 
 def _dynamic_budgets(budgets: Sequence[int]) -> list[int]:
+    """The distinct budgets, in increasing order, checked to be positive ints."""
     budgets = sorted(set(budgets))
     if not budgets:
         raise ValueError("budgets must name at least one budget")

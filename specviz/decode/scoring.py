@@ -23,7 +23,7 @@ import torch
 from specviz.decode.records import GenerationResult
 from specviz.draft.model import ChainDrafter, TreeDrafter
 from specviz.models.kvcache import crop_cache, forward_tokens, new_cache
-from specviz.models.loading import LoadedModel, ModelPair
+from specviz.models.types import LoadedModel, ModelPair
 from specviz.sampling import GREEDY, SamplingConfig
 from specviz.tree.core import DraftTree, depths, tree_attention_mask
 from specviz.tree.shapes import TreeShape

@@ -11,14 +11,16 @@
 * :mod:`~specviz.draft.lookahead` - Jacobi and lookahead decoding: no draft model, guesses from the
   target's own outputs;
 * :mod:`~specviz.draft.vocab` - a draft vocabulary reduced to a ranking's most frequent tokens plus
-  the sequence's own (strategy names ending in ``-v<N>``; also ``python -m specviz.draft.vocab``,
-  so its names are imported from the module itself);
+  the sequence's own (strategy names ending in ``-v<N>``; counted by
+  ``python -m specviz.heads.vocab``, so its names are imported from the module itself);
+* :mod:`~specviz.draft.heads` - drafters of trained Medusa heads and EAGLE feature heads;
 * :mod:`~specviz.draft.registry` - every strategy by name, built from a model pair.
 """
 
 from specviz.draft.adaptive import *  # noqa: F401,F403
 from specviz.draft.base import *  # noqa: F401,F403
 from specviz.draft.fallback import *  # noqa: F401,F403
+from specviz.draft.heads import *  # noqa: F401,F403
 from specviz.draft.lookahead import *  # noqa: F401,F403
 from specviz.draft.merged import *  # noqa: F401,F403
 from specviz.draft.model import *  # noqa: F401,F403

@@ -476,7 +476,7 @@ class CompositeDrafter(Drafter):
 
     def provide_features(self, token_ids, features) -> None:
         """Hand the target's features of a sequence to every part that drafts from them
-        (trained heads: :meth:`~specviz.heads.drafters._HeadDrafter.provide_features`), so
+        (trained heads: :meth:`~specviz.draft.heads._HeadDrafter.provide_features`), so
         that a replay of the composite runs no target forward of its own; parts that read
         no features ignore them."""
         for d in self.drafters:

@@ -176,8 +176,8 @@ def _tree(pair, a: dict[str, Any]) -> Drafter:
 
 
 def _medusa(pair, a: dict[str, Any]) -> Drafter:
-    from specviz.heads.drafters import head_drafter, medusa_tree
-    from specviz.heads.training import find_heads, heads_validation
+    from specviz.draft.heads import head_drafter, medusa_tree
+    from specviz.models.saved_heads import find_heads, heads_validation
 
     path = find_heads(pair.target.name, "medusa")
     if a["tree_budget"] is not None:  # the best tree of that many nodes for the heads' validation accuracy
@@ -190,8 +190,8 @@ def _medusa(pair, a: dict[str, Any]) -> Drafter:
 
 
 def _eagle(pair, a: dict[str, Any]) -> Drafter:
-    from specviz.heads.drafters import head_drafter
-    from specviz.heads.training import find_heads
+    from specviz.draft.heads import head_drafter
+    from specviz.models.saved_heads import find_heads
 
     path = find_heads(pair.target.name, "eagle")
     dtype = eagle_head_mode(pair.target)
@@ -200,15 +200,17 @@ def _eagle(pair, a: dict[str, Any]) -> Drafter:
     return head_drafter(pair, path, topk=a["topk"], depth=a["depth"], budget=a["budget"], dtype=dtype)
 
 
-def _packed_head_mode(target, fallback: str) -> str | None:
+def _packed_head_mode(target) -> str | None:
     """A head's weight mode for ``target`` (see :func:`eagle_head_mode`)."""
     dtype = target.model.dtype
-    if dtype == torch.float32 and target.weight_mode in ("fp32", "fp32-wx"):
+    if dtype == torch.float32 and target.weight_mode == "fp32":
         return None
     if target.device.type == "cpu":
-        from specviz.models.extension import vnni_kernel, w4a8_token_op
+        from specviz.quant.extension import vnni_kernel, w4a8_token_op
 
-        return "w4a8-token" if w4a8_token_op() is not None and vnni_kernel() else fallback
+        if w4a8_token_op() is not None and vnni_kernel():
+            return "w4a8-token"
+        return "w8a8-token" if "fbgemm" in torch.backends.quantized.supported_engines else None
     return "bf16" if dtype == torch.float32 else str(dtype).removeprefix("torch.")
 
 
@@ -217,19 +219,18 @@ def eagle_head_mode(target) -> str | None:
     (float32, None) for a float32 target, the exactness reference; on a CPU otherwise
     ``w4a8-token`` where the compiled operator runs with its AVX-512 VNNI kernel (4-bit
     weights, int8 activations: on a 2-core AVX-512 CPU a chain of 2 drafted in 6.5 ms a
-    step against 9.3 ms in ``int4`` and 8.8 ms in ``w8a8-token``, at the same tau), else
-    ``int4`` (an eighth of float32's bytes); the target's dtype on an accelerator.
+    step against 8.8 ms in ``w8a8-token``, at the same tau), else ``w8a8-token`` where
+    fbgemm runs (x86), else as trained; the target's dtype on an accelerator.
     Verification is the target's in every case, so decoding stays lossless."""
-    return _packed_head_mode(target, "int4")
+    return _packed_head_mode(target)
 
 
 def medusa_head_mode(target) -> str | None:
     """The weight mode the registry's Medusa heads draft in for ``target``: as
-    :func:`eagle_head_mode`, with ``int8`` where ``w4a8-token`` does not run (``int4``
-    changes the heads' first choice at 10-16% of positions against float32, ``int8`` at 2%).
-    On a 2-core AVX-512 CPU a step of a 2-node tree over a 16,384-token vocabulary drafted
-    in 1.5 ms in ``w4a8-token``, 3.6 ms in ``int8`` and 17.5 ms as trained (float32)."""
-    return _packed_head_mode(target, "int8")
+    :func:`eagle_head_mode`. On a 2-core AVX-512 CPU a step of a 2-node tree over a
+    16,384-token vocabulary drafted in 1.5 ms in ``w4a8-token`` and 17.5 ms as trained
+    (float32)."""
+    return _packed_head_mode(target)
 
 
 def _part_drafters(pair, names: str, strategy: str, nested: tuple[str, ...], why: str) -> list[Drafter]:

@@ -8,7 +8,7 @@ import copy
 import torch
 
 from specviz.draft.model import TreeDrafter
-from specviz.models.loading import LoadedModel
+from specviz.models.types import LoadedModel
 from specviz.tree.shapes import TreeShape, chain
 from specviz.validate import check_int
 

@@ -15,7 +15,7 @@ head costs is the steps where the target's token lies outside the set.
 * :class:`DraftVocabulary` - a ranking of token ids by frequency in a corpus, saved as JSON
   next to a hash of the tokenizer it was counted with; :func:`draft_vocabulary` finds the
   one for a model (shipped in ``data/`` for the built-in pair's tokenizer, else in the
-  specviz cache), :func:`build_draft_vocabulary` counts one (``python -m specviz.draft.vocab``);
+  specviz cache), :func:`~specviz.heads.vocab.build_draft_vocabulary` counts one (``python -m specviz.heads.vocab``);
 * :func:`head_rows` - the rows of a (possibly quantized) LM head as a head of its own, with
   the same kernel: every kept logit is bitwise the full head's for the integer modes (exact
   integer products), and equal up to the summation order of a float product;
@@ -27,13 +27,10 @@ Dimension legend: V = full vocabulary, W = scored rows, E = hidden size, M = pos
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
-import sys
 import weakref
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -48,7 +45,7 @@ __all__ = [
     "DraftVocabulary",
     "tokenizer_hash",
     "draft_vocabulary",
-    "build_draft_vocabulary",
+    "vocabulary_cache_path",
     "head_rows",
     "ReducedHead",
     "reduced_head",
@@ -126,8 +123,8 @@ class DraftVocabulary:
 
     def coverage(self, sequences: Iterable[Sequence[int]], n: int) -> float:
         """Share of the tokens of ``sequences`` inside the ``n``-token vocabulary (nan without
-        tokens): one minus the heads' :func:`~specviz.heads.modules.out_of_vocab_share`."""
-        from specviz.heads.modules import out_of_vocab_share
+        tokens): one minus the heads' :func:`~specviz.models.heads.out_of_vocab_share`."""
+        from specviz.models.heads import out_of_vocab_share
 
         return 1.0 - out_of_vocab_share(self.ids(n), sequences)
 
@@ -156,8 +153,8 @@ class DraftVocabulary:
             raise ValueError(f"{path} is not a draft vocabulary ranking ({exc})") from None
 
 
-def _cache_path(tok_hash: str, cache: str | os.PathLike | None = None) -> Path:
-    from specviz.models.loading import cache_dir
+def vocabulary_cache_path(tok_hash: str, cache: str | os.PathLike | None = None) -> Path:
+    from specviz.models.builtin import cache_dir
 
     return cache_dir(cache) / "vocab" / f"{_FILE_PREFIX}{tok_hash}.json"
 
@@ -173,7 +170,7 @@ def draft_vocabulary(model, cache: str | os.PathLike | None = None) -> DraftVoca
         ValueError: the ranking found indexes another vocabulary size than the model's.
     """
     tok_hash = tokenizer_hash(model.tokenizer)
-    for path in (VOCABULARY_DIR / f"{_FILE_PREFIX}{tok_hash}.json", _cache_path(tok_hash, cache)):
+    for path in (VOCABULARY_DIR / f"{_FILE_PREFIX}{tok_hash}.json", vocabulary_cache_path(tok_hash, cache)):
         if path.is_file():
             vocab = DraftVocabulary.load(path)
             if vocab.vocab_size != model.vocab_size:
@@ -182,31 +179,7 @@ def draft_vocabulary(model, cache: str | os.PathLike | None = None) -> DraftVoca
             return vocab
     raise FileNotFoundError(
         f"no draft vocabulary ranking for {model.name!r}'s tokenizer (hash {tok_hash}); count one with "
-        f"`python -m specviz.draft.vocab --draft {model.name}` (a few minutes of the draft writing answers)")
-
-
-def build_draft_vocabulary(draft, *, tasks: int = 256, prompts: int = 64, max_new_tokens: int = 128,
-                           temperatures: Sequence[float] = (0.0, 0.7), seed: int = 0,
-                           store: str | os.PathLike | None = None, batch_size: int = 16,
-                           progress: bool = True) -> DraftVocabulary:
-    """Count a ranking from text ``draft`` writes itself: prompts of the study's task kinds
-    (:func:`~specviz.heads.corpus.task_prompts`, templates, never the evaluation prompts) and
-    standard-library prompts (:func:`~specviz.heads.corpus.stdlib_prompts`), each continued
-    once per temperature (:func:`~specviz.heads.corpus.build_corpus`, resumable through
-    ``store``). Prompts and continuations are counted together: a draft proposes both
-    what it would write and what it copies.
-    """
-    from specviz.heads.corpus import build_corpus
-
-    corpus = build_corpus(draft, prompts=prompts, tasks=tasks, max_new_tokens=max_new_tokens, seed=seed,
-                          temperatures=temperatures, store=store, batch_size=batch_size, progress=progress)
-    counts = Counter(t for seq in corpus.sequences for t in seq)
-    ranked = tuple(sorted(counts, key=lambda t: (-counts[t], t)))  # the heads' reduced_vocab's order
-    described = corpus.summary() | {
-        "writer": draft.name, "weight_mode": draft.weight_mode, "tasks": tasks, "stdlib_prompts": prompts,
-        "max_new_tokens": max_new_tokens, "temperatures": [float(t) for t in temperatures], "seed": seed,
-        "distinct": len(ranked)}
-    return DraftVocabulary(ranked, draft.vocab_size, tokenizer_hash(draft.tokenizer), described)
+        f"`python -m specviz.heads.vocab --draft {model.name}` (a few minutes of the draft writing answers)")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -216,34 +189,27 @@ def build_draft_vocabulary(draft, *, tasks: int = 256, prompts: int = 64, max_ne
 
 def head_rows(head: nn.Module, rows: torch.Tensor) -> nn.Module:
     """Rows ``rows`` of the linear LM head ``head`` as a head of their own, multiplied by
-    the same kernel. For the integer heads (``Int8Linear``, ``W8A8Linear``,
-    ``W8A8TokenLinear``) each output is bitwise the full head's for that row; a float product
-    of fewer rows may sum in another order (a last-bit difference).
-
-    Supported: ``nn.Linear`` and specviz's ``Int8Linear``, ``WxLinear``, ``W8A8Linear``,
-    ``W8A8TokenLinear`` and ``W4A8TokenLinear`` (bitwise as well); ``Int4Linear`` is
-    requantized from its dequantized rows (its packed layout does not slice), which
-    reproduces them up to float rounding.
+    the same kernel. For the integer heads (``W8A8TokenLinear``, ``W4A8TokenLinear``) each
+    output is bitwise the full head's for that row; a float product of fewer rows
+    (``nn.Linear``) may sum in another order (a last-bit difference).
 
     Raises:
         TypeError: any other module.
     """
-    from specviz.models.weights import Int4Linear, Int8Linear, W4A8TokenLinear, W8A8Linear, WxLinear
+    from specviz.quant.weights import W4A8TokenLinear, W8A8TokenLinear
 
     rows = torch.as_tensor(rows, dtype=torch.long)
     if isinstance(head, W4A8TokenLinear):
         return head.rows(rows)
-    if isinstance(head, (nn.Linear, WxLinear)):
+    if isinstance(head, nn.Linear):
         weight = nn.Parameter(head.weight.detach()[rows.to(head.weight.device)], requires_grad=False)
         bias = None if head.bias is None else nn.Parameter(head.bias.detach()[rows.to(head.bias.device)],
                                                            requires_grad=False)
-        if isinstance(head, WxLinear):
-            return WxLinear(weight, bias)
         out = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device,
                         dtype=weight.dtype)
         out.weight, out.bias = weight, bias
         return out
-    if isinstance(head, W8A8Linear):
+    if isinstance(head, W8A8TokenLinear):
         new = type(head).__new__(type(head))
         nn.Module.__init__(new)
         for name, buf in head._buffers.items():
@@ -251,22 +217,9 @@ def head_rows(head: nn.Module, rows: torch.Tensor) -> nn.Module:
                 buf = buf[rows.to(buf.device)].contiguous()
             new.register_buffer(name, buf)
         new.out_features, new.in_features = rows.numel(), head.in_features
-        new.alpha, new.dynamic_rows = head.alpha, head.dynamic_rows
-        if hasattr(head, "residual"):
-            new.residual = head.residual
+        new.alpha, new.residual = head.alpha, head.residual
         new._packed = new._pack()
         return new
-    if isinstance(head, Int8Linear):
-        new = type(head).__new__(type(head))
-        nn.Module.__init__(new)
-        for name, buf in head._buffers.items():
-            new.register_buffer(name, None if buf is None else buf[rows.to(buf.device)].contiguous())
-        new.out_features, new.in_features = rows.numel(), head.in_features
-        return new
-    if isinstance(head, Int4Linear):
-        weight = head.dequantized_weight()[rows]
-        bias = None if head.bias is None else head.bias[rows]
-        return Int4Linear(weight, bias, head.group_size) if hasattr(head, "group_size") else Int4Linear(weight, bias)
     raise TypeError(f"a reduced draft vocabulary needs a linear LM head; {type(head).__name__} is not one specviz "
                     "can take rows of")
 
@@ -362,39 +315,3 @@ def reduced_head(draft, n: int, vocabulary: DraftVocabulary | None = None) -> Re
     return ReducedHead(base, rows, full, draft.vocab_size)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m specviz.draft.vocab",
-        description="Count the token ranking a draft model's reduced vocabulary (strategies ending in -v<N>) "
-                    "scores from, from answers the draft writes to template prompts of the study's task kinds.")
-    parser.add_argument("--draft", default=None, help="draft model (registry name, Hub id or path; default: the "
-                                                     "built-in draft)")
-    parser.add_argument("--dtype", default="fp32", help="weight mode the draft writes in (default fp32)")
-    parser.add_argument("--tasks", type=int, default=256, help="task-kind prompts (default 256)")
-    parser.add_argument("--prompts", type=int, default=64, help="standard-library prompts (default 64)")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--out", default=None, help="file to write (default: the specviz cache, where "
-                                                   "strategies ending in -v<N> look for it)")
-    parser.add_argument("--store", default=None, help="where the draft's answers are kept as they are written, "
-                                                     "so that an interrupted run resumes (default: next to the "
-                                                     "ranking in the specviz cache)")
-    args = parser.parse_args(argv)
-    from specviz.models.loading import DEFAULT_DRAFT, load_model
-
-    for name in ("tasks", "prompts", "max_new_tokens"):
-        if getattr(args, name) < 0 or (name == "max_new_tokens" and args.max_new_tokens < 1):
-            parser.error(f"--{name.replace('_', '-')} must be {'>= 1' if name == 'max_new_tokens' else '>= 0'}")
-    draft = load_model(args.draft or DEFAULT_DRAFT, dtype=args.dtype)
-    tok_hash = tokenizer_hash(draft.tokenizer)
-    out = Path(args.out) if args.out else _cache_path(tok_hash)
-    store = Path(args.store) if args.store else _cache_path(tok_hash).with_suffix(".corpus.jsonl")
-    vocab = build_draft_vocabulary(draft, tasks=args.tasks, prompts=args.prompts,
-                                   max_new_tokens=args.max_new_tokens, store=store)
-    vocab.save(out)
-    print(f"{out}: {len(vocab.ranked)} distinct tokens ranked from {vocab.corpus['tokens']} "
-          f"(corpus sha256 {vocab.corpus['sha256'][:12]})", file=sys.stderr)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

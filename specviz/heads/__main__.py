@@ -101,7 +101,9 @@ def _positive(name: str, value, allow_none: bool = True) -> None:
 def _train(args) -> int:
     from specviz.heads.corpus import build_corpus
     from specviz.heads.training import HeadConfig, train_heads, training_precision
-    from specviz.models.loading import cache_dir, load_model, tiny_pair
+    from specviz.models.builtin import cache_dir
+    from specviz.models.loading import load_model
+    from specviz.models.tiny import tiny_pair
 
     if args.tiny == bool(args.target):
         raise _UsageError("give --target NAME or --tiny (exactly one)")

@@ -43,12 +43,12 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
-from specviz.models.loading import LoadedModel
+from specviz.models.types import LoadedModel
 from specviz.sampling import SamplingConfig
 from specviz.validate import check_int
 
 if TYPE_CHECKING:
-    from specviz.study.store import ResultStore
+    from specviz.data.store import ResultStore
 
 __all__ = [
     "Corpus",
@@ -222,13 +222,13 @@ def spec_bench_prompts(path: str | os.PathLike, exclude_categories: Sequence[str
     Args:
         path: a Spec-Bench-format ``.jsonl`` question file.
         exclude_categories: categories to hold out; None means the evaluation categories
-            of the shipped set (:data:`specviz.study.prompts.CATEGORIES`).
+            of the shipped set (:data:`specviz.data.prompts.CATEGORIES`).
 
     Raises:
         ValueError: every prompt of the file is held out, or the file is not valid.
         FileNotFoundError: the file does not exist.
     """
-    from specviz.study.prompts import CATEGORIES, load_prompts
+    from specviz.data.prompts import CATEGORIES, load_prompts
 
     held_out = set(CATEGORIES if exclude_categories is None else exclude_categories)
     prompts = [p for p in load_prompts(Path(path)) if p.category not in held_out]
@@ -288,7 +288,7 @@ def build_corpus(target: LoadedModel, *, prompts: int = 256, max_new_tokens: int
     from tqdm import tqdm
 
     from specviz.decode.engine import encode_prompt, plain_generate_batch
-    from specviz.study.store import ResultStore
+    from specviz.data.store import ResultStore
 
     check_int("prompts", prompts, 0)
     check_int("tasks", tasks, 0)
@@ -344,7 +344,7 @@ class _FeatureFiles:
         self.memory: dict[str, tuple[str, str, torch.Tensor]] = {}
 
     def put(self, key: str, target: LoadedModel, feats: torch.Tensor) -> None:
-        from specviz.heads.features import _save, _storable
+        from specviz.models.features import _save, _storable
 
         entry = (target.name, target.weight_mode, _storable(feats, torch.float16))
         if self.directory is None:
@@ -646,7 +646,7 @@ def self_prompts(target: LoadedModel, n: int, *, seed: int = 0, kinds: Sequence[
 
     Args:
         store: a ``.jsonl`` file keeping every attempt's text (a rerun resumes from it),
-            or an open :class:`~specviz.study.store.ResultStore`; None keeps nothing.
+            or an open :class:`~specviz.data.store.ResultStore`; None keeps nothing.
 
     Raises:
         ValueError: bad arguments, a tokenizer without a chat template, or fewer than
@@ -656,7 +656,7 @@ def self_prompts(target: LoadedModel, n: int, *, seed: int = 0, kinds: Sequence[
     from tqdm import tqdm
 
     from specviz.decode.engine import plain_generate_batch
-    from specviz.study.store import ResultStore
+    from specviz.data.store import ResultStore
 
     check_int("n", n, 0)
     check_int("seed", seed, 0)

@@ -2,7 +2,7 @@
 
 * :class:`HeadConfig` - the training settings (and the reduced vocabulary size);
 * :func:`train_heads` - AdamW on random windows of the target's features
-  (:mod:`specviz.heads.features`) from a :class:`~specviz.heads.Corpus`, for a number of
+  (:mod:`specviz.models.features`) from a :class:`~specviz.heads.Corpus`, for a number of
   steps and/or minutes, with a progress bar (loss and top-1 accuracy) on stderr. A
   checkpoint is written atomically every ``checkpoint_minutes``, at the end and on
   Ctrl-C; calling it again with the same arguments resumes from the checkpoint (the
@@ -43,7 +43,6 @@ import io
 import json
 import math
 import os
-import re
 import sys
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -54,14 +53,14 @@ import torch
 import torch.nn.functional as F
 
 from specviz.heads.corpus import Corpus
-from specviz.heads.features import FEATURE_DTYPES, extract_features, load_features
-from specviz.heads.modules import EagleHead, MedusaHeads, reduced_vocab
-from specviz.models.loading import LoadedModel, cache_dir
-from specviz.study.store import atomic_write_bytes, atomic_write_text
+from specviz.models.features import FEATURE_DTYPES, extract_features, load_features
+from specviz.models.heads import EagleHead, MedusaHeads, reduced_vocab
+from specviz.models.saved_heads import KINDS, build_heads, heads_root, name_slug, target_meta
+from specviz.models.types import LoadedModel
+from specviz.data.store import atomic_write_bytes, atomic_write_text
 from specviz.validate import check_choice, check_int
 
 __all__ = [
-    "KINDS",
     "HeadConfig",
     "TrainResult",
     "config_hash",
@@ -70,20 +69,11 @@ __all__ = [
     "train_heads",
     "validation_split",
     "draft_vocab",
-    "load_heads",
-    "find_heads",
-    "heads_validation",
-    "read_result_meta",
-    "HEADS_ENV",
-    "load_cached_heads",
-    "train_command",
     "head_accuracy",
     "PRECISIONS",
     "training_precision",
 ]
 
-#: the kinds of draft heads
-KINDS: tuple[str, ...] = ("medusa", "eagle")
 _FORMAT = 1
 
 
@@ -125,7 +115,7 @@ class HeadConfig:
         grad_clip: gradient norm clip (0 = none).
         seed: initial weights and batch sampling.
         feature_dtype: storage dtype of the cached features (a key of
-            :data:`~specviz.heads.features.FEATURE_DTYPES`).
+            :data:`~specviz.models.features.FEATURE_DTYPES`).
         vocab_fill: fill a reduced vocabulary beyond the data's distinct tokens with the
             tokenizer's first ids (``reduced_vocab(..., fill_to=...)``).
         validation: share of the data's sequences held out of training (picked with
@@ -273,10 +263,6 @@ class TrainResult:
     validation: dict | None = None
 
 
-def _slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "model"
-
-
 def config_hash(kind: str, config: HeadConfig) -> str:
     """12 hex digits identifying ``kind`` trained with ``config``."""
     check_choice("kind", kind, KINDS)
@@ -284,43 +270,23 @@ def config_hash(kind: str, config: HeadConfig) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def _root(cache: str | os.PathLike | None) -> Path:
-    return cache_dir(cache) / "heads"
-
-
 def heads_dir(target_name: str, kind: str, config: HeadConfig, data_sha256: str,
               cache: str | os.PathLike | None = None, weight_mode: str = "fp32") -> Path:
     """The default result directory: ``<cache>/heads/<target>/<kind>-<mode>-c<config>-d<data>``,
     named like :func:`features_dir` by the weight mode of the target whose features the
     heads learn from."""
-    return (_root(cache) / _slug(target_name)
-            / f"{kind}-{_slug(weight_mode)}-c{config_hash(kind, config)}-d{data_sha256[:12]}")
+    return (heads_root(cache) / name_slug(target_name)
+            / f"{kind}-{name_slug(weight_mode)}-c{config_hash(kind, config)}-d{data_sha256[:12]}")
 
 
 def features_dir(target_name: str, data_sha256: str, cache: str | os.PathLike | None = None,
                  weight_mode: str = "fp32") -> Path:
     """The default feature directory of a target in a weight mode and a data set (shared by
     both kinds): ``<cache>/heads/<target>/features-<mode>-<data>``."""
-    return _root(cache) / _slug(target_name) / f"features-{_slug(weight_mode)}-{data_sha256[:16]}"
-
-
-def train_command(kind: str, target_name: str) -> str:
-    """The command line that trains ``kind`` heads for ``target_name``."""
-    if target_name.startswith("tiny-qwen2-seed0"):
-        return f"python -m specviz.heads train --kind {kind} --tiny --steps 200"
-    return f"python -m specviz.heads train --kind {kind} --target {target_name} --minutes 10"
+    return heads_root(cache) / name_slug(target_name) / f"features-{name_slug(weight_mode)}-{data_sha256[:16]}"
 
 
 # -- the modules -----------------------------------------------------------------------------
-
-def _build(kind: str, target: LoadedModel, n_heads: int, vocab_map: torch.Tensor | None, seed: int,
-           mlp_size: int | None = None):
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        if kind == "medusa":
-            return MedusaHeads(target, n_heads, vocab_map)
-        return EagleHead(target, vocab_map, mlp_size)
-
 
 def draft_vocab(target: LoadedModel, data: Corpus, config: HeadConfig) -> torch.Tensor | None:
     """The token ids heads trained with ``config`` on ``data`` score (None: the full
@@ -332,11 +298,6 @@ def draft_vocab(target: LoadedModel, data: Corpus, config: HeadConfig) -> torch.
 
     return reduced_vocab(data.sequences, config.vocab, always=eos_token_ids(target),
                          fill_to=target.vocab_size if config.vocab_fill else None)
-
-
-def _target_meta(target: LoadedModel) -> dict:
-    return {"target": target.name, "hidden_size": int(target.model.config.hidden_size),
-            "vocab_size": int(target.vocab_size)}
 
 
 # -- batches ---------------------------------------------------------------------------------
@@ -634,14 +595,14 @@ def train_heads(kind: str, target: LoadedModel, data: Corpus, *, minutes: float 
         raise ValueError(f"data holds token id {top}, outside {target.name}'s vocabulary ({target.vocab_size})")
     out = Path(out_dir) if out_dir is not None else heads_dir(target.name, kind, cfg, data.sha256,
                                                                     weight_mode=target.weight_mode)
-    meta = {"format": _FORMAT, "kind": kind, **_target_meta(target), "n_heads": cfg.n_heads if kind == "medusa"
+    meta = {"format": _FORMAT, "kind": kind, **target_meta(target), "n_heads": cfg.n_heads if kind == "medusa"
             else None, "config": asdict(cfg), "config_hash": config_hash(kind, cfg), "data_sha256": data.sha256,
             "data_tokens": data.tokens, "data_sequences": len(data), "features_weight_mode": target.weight_mode}
     if (out / "meta.json").exists():
         _check_same_run(out, json.loads((out / "meta.json").read_text()), meta)
 
     vocab_map = draft_vocab(target, data, cfg)
-    module = _build(kind, target, cfg.n_heads, vocab_map, cfg.seed, cfg.mlp_size if kind == "eagle" else None)
+    module = build_heads(kind, target, cfg.n_heads, vocab_map, cfg.seed, cfg.mlp_size if kind == "eagle" else None)
     params = [p for p in module.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     generator = torch.Generator().manual_seed(cfg.seed)
@@ -778,138 +739,6 @@ def _validation_summary(kind: str, module, best: dict, val_history: list, feats:
 
 
 # -- loading ---------------------------------------------------------------------------------
-
-def _resolve(path_or_key: str | os.PathLike) -> Path:
-    path = Path(path_or_key).expanduser()
-    if path.exists():
-        return path
-    keyed = _root(None) / str(path_or_key)
-    if keyed.exists():
-        return keyed
-    raise FileNotFoundError(f"no trained heads at {path} (nor {keyed} in the specviz cache)")
-
-
-def load_heads(path_or_key: str | os.PathLike, target: LoadedModel) -> torch.nn.Module:
-    """A trained head module, checked against ``target``, in eval mode on its device: the
-    weights of the lowest validation loss when the run held out a validation split, else
-    the last ones.
-
-    Args:
-        path_or_key: a result directory, its ``checkpoint.pt``, or a directory relative to
-            ``<cache>/heads`` (e.g. ``"tiny-qwen2-seed0/medusa-c.../"``).
-        target: the model the heads will draft for.
-
-    Raises:
-        FileNotFoundError: no such directory or no ``checkpoint.pt`` in it (names the path).
-        ValueError: heads trained for another target, for another hidden size or
-            vocabulary size, or a file that is not a specviz heads checkpoint.
-    """
-    path = _resolve(path_or_key)
-    ckpt = path / "checkpoint.pt" if path.is_dir() else path
-    if not ckpt.exists():
-        raise FileNotFoundError(f"no trained heads at {ckpt}: the file is missing")
-    try:
-        saved = torch.load(ckpt, map_location="cpu", weights_only=True)
-        meta = saved["meta"]
-        kind = meta["kind"]
-    except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same message
-        raise ValueError(f"{ckpt} is not a specviz heads checkpoint ({exc})") from None
-    if meta.get("target") != target.name:
-        raise ValueError(f"heads in {ckpt} were trained for target {meta.get('target')!r}, not {target.name!r}")
-    wanted = _target_meta(target)
-    for key, what in (("hidden_size", "hidden size"), ("vocab_size", "vocabulary size")):
-        if meta.get(key) != wanted[key]:
-            raise ValueError(f"heads in {ckpt} have {what} {meta.get(key)}, but target {target.name!r} has "
-                             f"{wanted[key]}")
-    if kind not in KINDS:
-        raise ValueError(f"{ckpt} holds heads of unknown kind {kind!r}; known kinds: {', '.join(KINDS)}")
-    state = (saved.get("best") or {}).get("state") or saved["state"]  # early stopping's weights, if any
-    mlp_size = (meta.get("config") or {}).get("mlp_size") if kind == "eagle" else None
-    module = _build(kind, target, int(meta.get("n_heads") or 1), state.get("vocab_map"), 0, mlp_size)
-    module.load_state_dict(state)
-    module.eval()
-    return module
-
-
-def read_result_meta(path: str | os.PathLike) -> tuple[Path, dict]:
-    """The result directory of a training run and what its ``meta.json`` records.
-
-    Args:
-        path: the result directory or a file in it (e.g. its ``checkpoint.pt``).
-
-    Raises:
-        FileNotFoundError: no readable ``meta.json`` there (names the file): not a
-            training result.
-    """
-    path = Path(path).expanduser()
-    meta_path = (path.parent if path.is_file() else path) / "meta.json"
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, ValueError):
-        meta = None
-    if not isinstance(meta, dict) or "kind" not in meta:
-        raise FileNotFoundError(f"no training result at {path} (no readable {meta_path})")
-    return meta_path.parent, meta
-
-
-#: environment variable naming the result directories the registry's head strategies use
-HEADS_ENV = "SPECVIZ_HEADS"
-
-
-def find_heads(target_name: str, kind: str, cache: str | os.PathLike | None = None) -> Path:
-    """The ``kind`` result for ``target_name`` that the registry's strategies draft with.
-
-    The result directories listed in ``$SPECVIZ_HEADS`` (separated by ``os.pathsep``;
-    ``python -m specviz.bench --heads DIR ...`` sets it) come first: the first one of
-    this kind for this target is used. Otherwise, among the finished results in the
-    specviz cache: the one trained on the most data tokens, the newest of those (so the
-    small runs of a notebook's defaults do not displace a real training run).
-
-    Raises:
-        FileNotFoundError: a listed directory holds no training result, or none is cached
-            (the message gives the command that trains one).
-    """
-    check_choice("kind", kind, KINDS)
-    for entry in filter(None, os.environ.get(HEADS_ENV, "").split(os.pathsep)):
-        try:
-            path, meta = read_result_meta(entry)
-        except FileNotFoundError as exc:
-            raise FileNotFoundError(f"${HEADS_ENV} lists {entry}: {exc}") from None
-        if meta.get("kind") == kind and meta.get("target") == target_name:
-            return path
-    folder = _root(cache) / _slug(target_name)
-    found = []
-    for meta_path in folder.glob(f"{kind}-*/meta.json"):
-        try:
-            path, meta = read_result_meta(meta_path.parent)
-        except FileNotFoundError:
-            continue
-        if meta.get("finished") and meta.get("target") == target_name and meta.get("kind") == kind:
-            found.append((int(meta.get("data_tokens") or 0), float(meta.get("updated", 0.0)), str(path)))
-    if not found:
-        raise FileNotFoundError(f"no trained {kind} heads for target {target_name!r} in {folder}; train them "
-                                f"with: {train_command(kind, target_name)}")
-    return Path(max(found)[2])
-
-
-def heads_validation(path: str | os.PathLike) -> dict:
-    """The validation results a training run recorded (``TrainResult.validation``).
-
-    Raises:
-        FileNotFoundError: no ``meta.json`` at ``path``.
-        ValueError: the run held out no validation split (or has not finished).
-    """
-    path, meta = read_result_meta(_resolve(path))
-    if not meta.get("validation"):
-        raise ValueError(f"the heads in {path} record no validation results (trained without a "
-                         "validation split, or unfinished); retrain them with HeadConfig(validation > 0), the default")
-    return meta["validation"]
-
-
-def load_cached_heads(target: LoadedModel, kind: str) -> torch.nn.Module:
-    """:func:`load_heads` of :func:`find_heads` for ``target``."""
-    return load_heads(find_heads(target.name, kind), target)
-
 
 # -- evaluation ------------------------------------------------------------------------------
 

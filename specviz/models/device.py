@@ -41,7 +41,7 @@ def resolve_device(device: "str | torch.device | None", mode=None) -> torch.devi
     Args:
         device: ``"auto"`` or None (the first of CUDA, MPS and CPU that is present and
             runs ``mode``), ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"mps"`` or a ``torch.device``.
-        mode: a :class:`~specviz.models.weights.WeightMode`; some modes' kernels run on
+        mode: a :class:`~specviz.quant.weights.WeightMode`; some modes' kernels run on
             the CPU only.
 
     Raises:

@@ -5,7 +5,7 @@ the norms, the rotary embedding, the attention over the cache, the activation an
 residual additions as about 60 small operators per layer, which on a 2-core CPU cost about
 as much as the 4-bit products themselves. ``torch.ops.specviz.w4a8_decoder_layer`` (in
 ``csrc/w8a8_token.cpp``) computes a whole Llama-style decoder layer in one call, with the
-same four 4-bit products (:class:`~specviz.models.w4a8.W4A8TokenLinear`'s operator) and its
+same four 4-bit products (:class:`~specviz.quant.w4a8.W4A8TokenLinear`'s operator) and its
 own float code for the rest.
 
 Its outputs differ from the modules' forward by float rounding, so it is for drafts only:
@@ -44,8 +44,10 @@ import weakref
 
 import torch
 
-from specviz.models.extension import vnni_kernel, w8a8_token_op
-from specviz.models.passes import whole_forward_in_prompt
+from specviz.models.decoder import DIRECT_FORWARD_CLASSES, direct_forward_supported, has_hooks, layer_modules, layers_unchanged
+from specviz.models.slots import reserve_slots
+from specviz.quant.extension import vnni_kernel, w8a8_token_op
+from specviz.quant.passes import whole_forward_in_prompt
 from specviz.validate import check_choice
 
 __all__ = ["DRAFT_LAYERS", "DEFAULT_DRAFT_LAYERS", "FUSED_ATTR", "FUSED_MAX_TOKENS", "fuse_layers", "layers_of",
@@ -86,7 +88,7 @@ def _set_passes(model, one_pass: bool) -> None:
     pass, or back in the passes it was built with: a one-pass draft runs its prefills and
     tree forwards through the modules in one pass too (a 200-token prefill of the built-in
     0.5B took 333 ms against 593 ms with both passes on a 2-core AMD EPYC)."""
-    from specviz.models.w4a8 import W4A8TokenLinear
+    from specviz.quant.w4a8 import W4A8TokenLinear
 
     changed = False
     for module in model.modules():
@@ -114,15 +116,15 @@ def _op():
 
 
 def _w4_layer(module):
-    from specviz.models.w4a8 import W4A8TokenLinear
+    from specviz.quant.w4a8 import W4A8TokenLinear
     return module if isinstance(module, W4A8TokenLinear) else None
 
 
 def _group_layer(slices, names):
-    """The fused :class:`~specviz.models.w4a8.W4A8TokenLinear` behind the
-    :class:`~specviz.models.weights.SharedInputSlice` modules ``slices``, if they are its
+    """The fused :class:`~specviz.quant.w4a8.W4A8TokenLinear` behind the
+    :class:`~specviz.quant.weights.SharedInputSlice` modules ``slices``, if they are its
     members ``names`` in that column order, else None."""
-    from specviz.models.weights import SharedInputSlice
+    from specviz.quant.weights import SharedInputSlice
     if not all(isinstance(s, SharedInputSlice) for s in slices):
         return None
     group = slices[0].group
@@ -168,11 +170,10 @@ def layers_params(layers, config, found=None, refuse=None) -> tuple:
         a module inside the layers has a forward hook: that result is not to be kept, so
         that the layers run as one call again once the hook is removed.
     """
-    from specviz.models.kvcache import _has_hooks, _layer_modules, _unchanged
-    if found is not None and _unchanged(found[0], layers):  # the same modules, no hook added
+    if found is not None and layers_unchanged(found[0], layers):  # the same modules, no hook added
         return found
-    recorded = (list(layers), _layer_modules(layers))
-    if any(_has_hooks(m) for m in recorded[1][0] + [p for p, _ in recorded[1][1]]):
+    recorded = (list(layers), layer_modules(layers))
+    if any(has_hooks(m) for m in recorded[1][0] + [p for p, _ in recorded[1][1]]):
         return None, "a module inside its layers has a forward hook"
     reason = None if refuse is None else refuse()
     if reason is not None:
@@ -189,10 +190,9 @@ def layers_params(layers, config, found=None, refuse=None) -> tuple:
 def _model_params(model) -> list[tuple] | str:
     """Every decoder layer's operator arguments (kept with the model while its layers are
     the same objects), or why the fused layers cannot run this model."""
-    from specviz.models.kvcache import DIRECT_FORWARD_CLASSES, _direct_forward_supported
     if type(model).__name__ not in DIRECT_FORWARD_CLASSES:
         return f"{type(model).__name__} is not one of {DIRECT_FORWARD_CLASSES}"
-    if not _direct_forward_supported(model):
+    if not direct_forward_supported(model):
         return "the model is training, has forward hooks or sliding-window layers"
     if model.dtype != torch.float32 or model.device.type != "cpu":
         return "the model is not float32 on the CPU"
@@ -256,7 +256,6 @@ def fused_forward(model, cache, tokens: torch.Tensor, position_ids: torch.Tensor
         layer-by-layer forward, or None, with nothing run, where :func:`fused_support`
         finds the model cannot run fused.
     """
-    from specviz.models.kvcache import reserve_slots
     op = _op()
     params = None if op is None else _model_params(model)
     if params is None or isinstance(params, str):

@@ -41,9 +41,11 @@ import torch
 from transformers import DynamicCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from specviz.models.decoder import direct_forward_supported, has_hooks, layer_modules, layers_unchanged
 from specviz.models.device import model_device, to_device
+from specviz.models.slots import append_kv, reserve_slots
 from specviz.models.fused import FUSED_MAX_TOKENS, causal_over_cache, fused_forward, is_fused
-from specviz.models.passes import prompt_positions, prompt_rows
+from specviz.quant.passes import prompt_positions, prompt_rows
 from specviz.attention.hf import ATTENTION_CHOICES, SHARED_KEYS_KWARG, SPECVIZ_ATTENTION, attention_implementation
 from specviz.validate import check_choice
 
@@ -227,32 +229,6 @@ def _capture_hidden(model):
         handle.remove()
 
 
-#: causal LM classes whose decoder :func:`forward_tokens` runs layer by layer itself
-#: (:func:`_direct_forward`): the same modules and operators as their own forward, in the
-#: same order, without its per-call plumbing
-DIRECT_FORWARD_CLASSES = ("Qwen2ForCausalLM", "LlamaForCausalLM")
-
-
-def _has_hooks(module) -> bool:
-    return bool(module._forward_hooks or module._forward_pre_hooks)
-
-
-def _direct_forward_supported(model) -> bool:
-    """Whether :func:`_direct_forward` may run ``model``: a class of
-    :data:`DIRECT_FORWARD_CLASSES` in inference mode, full attention in every layer, and no
-    forward hook on the model or its decoder (which the direct loop would not call; hooks
-    on the layers' linear modules and norms do run)."""
-    if type(model).__name__ not in DIRECT_FORWARD_CLASSES or model.training:
-        return False
-    decoder = getattr(model, "model", None)
-    if decoder is None or _has_hooks(model) or _has_hooks(decoder):
-        return False
-    types = getattr(model.config, "layer_types", None)
-    if types is not None and any(t != "full_attention" for t in types):
-        return False
-    return not (torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks)
-
-
 def _before_attention(layer, rotary, h, cos, sin):
     """A decoder layer up to its attention: input norm, query/key/value projections, rotary
     embedding; ``(q, k, v)``, each ``(B, heads, N, D)``. The layer's own modules and the
@@ -300,42 +276,17 @@ class _AfterAttention(torch.nn.Module):
 NO_TRACE_ENV = "SPECVIZ_NO_TRACE"
 #: the module classes (by defining module) whose forward a recorded program reproduces
 #: for every input: no branch on input shapes or on a flag a caller may flip later. A
-#: layer holding any other module (``w8a8``'s layers, which pick their kernel by row
-#: count; adapters; a user's own modules) runs as Python calls.
+#: layer holding any other module (adapters, a user's own modules) runs as Python calls.
 TRACEABLE_MODULES = {
     "torch.nn.modules.linear": {"Linear"},
     "torch.nn.modules.activation": {"SiLU"},
     "transformers.activations": {"SiLUActivation"},
     "transformers.models.qwen2.modeling_qwen2": {"Qwen2DecoderLayer", "Qwen2Attention", "Qwen2MLP", "Qwen2RMSNorm"},
     "transformers.models.llama.modeling_llama": {"LlamaDecoderLayer", "LlamaAttention", "LlamaMLP", "LlamaRMSNorm"},
-    "specviz.models.weights": {"W8A8TokenLinear", "SharedInputGroup", "SharedInputSlice", "WxLinear", "Int8Linear",
-                               "Int4Linear"},
-    "specviz.models.w4a8": {"W4A8TokenLinear"},
+    "specviz.quant.weights": {"W8A8TokenLinear", "SharedInputGroup", "SharedInputSlice"},
+    "specviz.quant.w4a8": {"W4A8TokenLinear"},
 }
 _programs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def _layer_modules(layers) -> tuple[list, list]:
-    """What traced programs are recorded from: every module of ``layers`` without children,
-    and every one with children, with its children."""
-    modules = [m for layer in layers for m in layer.modules()]
-    return ([m for m in modules if not m._modules],
-            [(m, list(m._modules.values())) for m in modules if m._modules])
-
-
-def _unchanged(recorded, layers) -> bool:
-    """Whether the programs recorded from ``recorded`` still stand for ``layers``: the same
-    layer objects, no module swapped in below them and no forward hook added since."""
-    layer_list, (leaves, parents) = recorded
-    if list(layers) != layer_list:
-        return False
-    for m in leaves:
-        if _has_hooks(m) or m._modules:
-            return False
-    for m, children in parents:
-        if _has_hooks(m) or list(m._modules.values()) != children:
-            return False
-    return True
 
 
 def _layer_programs(model, layers, rotary, h, cos_sin):
@@ -355,11 +306,11 @@ def _layer_programs(model, layers, rotary, h, cos_sin):
             or torch.jit.is_tracing()):
         return None
     found = _programs.get(model)
-    if found is not None and found[0] == (h.device, h.dtype) and _unchanged(found[1], layers):
+    if found is not None and found[0] == (h.device, h.dtype) and layers_unchanged(found[1], layers):
         return found[2]
-    recorded = (list(layers), _layer_modules(layers))
+    recorded = (list(layers), layer_modules(layers))
     for m in recorded[1][0] + [p for p, _ in recorded[1][1]]:
-        if _has_hooks(m) or type(m).__name__ not in TRACEABLE_MODULES.get(type(m).__module__, ()):
+        if has_hooks(m) or type(m).__name__ not in TRACEABLE_MODULES.get(type(m).__module__, ()):
             return None
     programs = []
     x = h
@@ -376,107 +327,6 @@ def _layer_programs(model, layers, rotary, h, cos_sin):
     return programs
 
 
-#: spare slots a cache layer's buffer gets beyond what it holds when it grows: a share of
-#: its length, and at least this many
-APPEND_SLACK = 64
-#: a layer shorter than this many slots concatenates as transformers does (a copy of a few
-#: hundred slots costs less than the buffer's checks and views: 6 against 10 microseconds at
-#: 200 slots of the built-in draft); from this length on it appends into a buffer
-APPEND_FROM = 256
-
-
-def _room(layer, name: str, n: int, like: torch.Tensor, rows_heads: tuple[int, int]) -> tuple[torch.Tensor, int]:
-    """``layer``'s buffer for ``name`` with room for ``n`` slots behind the ``held`` it holds,
-    and ``held``: the buffer it has where the current tensor is that buffer's leading slots
-    (or holds nothing) and the new slots fit, else a new one with room for
-    ``max(APPEND_SLACK, total / 2)`` more slots, the held slots copied into it. ``like``
-    gives the dtype, device and head size, ``rows_heads`` the buffer's first two dimensions."""
-    old = getattr(layer, name)  # (B, H, S, D), or an empty tensor
-    buffers = layer.__dict__.get("_specviz_buffers")
-    if buffers is None:
-        buffers = layer._specviz_buffers = {}
-    buf = buffers.get(name)
-    held = old.shape[2] if old.dim() == 4 else 0
-    if (buf is not None and held + n <= buf.shape[2] and tuple(buf.shape[:2]) == tuple(rows_heads)
-            and like.dtype is buf.dtype and like.device == buf.device
-            and (not held or (old.data_ptr() == buf.data_ptr() and old.stride() == buf.stride()))):
-        return buf, held
-    total = held + n
-    buf = like.new_empty((*rows_heads, total + max(APPEND_SLACK, total // 2), like.shape[3]))
-    if held:
-        buf.narrow(2, 0, held).copy_(old)
-    buffers[name] = buf
-    return buf, held
-
-
-def _append_slots(layer, name: str, new: torch.Tensor) -> torch.Tensor:
-    """``layer.<name>`` with ``new`` appended along the slot axis, written in place into
-    spare room behind it where it has some.
-
-    transformers' ``DynamicLayer.update`` concatenates, which copies every slot the layer
-    holds on every forward, a cost that grows with the context: one-token forwards in
-    ``w8a8-token`` on 2 threads measured 44.2 ms with concatenation and 39.9 ms with this
-    for the built-in draft after 1,500 slots, 84.0 and 77.8 ms for the target after 800.
-    Here a layer's keys and values live at the front of a larger buffer: while the
-    current tensor is that buffer's leading slots (as it stays after :func:`crop_cache`
-    and :func:`compact_cache`, which narrow it) and the new slots fit, they are written
-    into the buffer and the tensor becomes a longer view of it. Otherwise (the first
-    forward, a tensor from transformers' own update or from :func:`select_rows` /
-    :func:`split_cache`, a full buffer) a new buffer with room for
-    ``max(APPEND_SLACK, length / 2)`` more slots is allocated and filled once. Below
-    :data:`APPEND_FROM` slots the layer concatenates as transformers does. The values
-    are the concatenation's, bit for bit; slots beyond a narrowed tensor are stale and
-    get overwritten, which nothing reads (a cache's valid region is its tensors' length).
-    """
-    old = getattr(layer, name)  # (B, H, S, D)
-    held = old.shape[2] if old.dim() == 4 else 0
-    n = new.shape[2]
-    if held + n < APPEND_FROM:  # short: a concatenation costs less than the buffer's bookkeeping
-        layer.__dict__.get("_specviz_buffers", {}).pop(name, None)
-        return torch.cat([old, new], dim=-2)
-    buf, held = _room(layer, name, n, new, tuple(new.shape[:2]))
-    buf.narrow(2, held, n).copy_(new)
-    return buf.narrow(2, 0, held + n)
-
-
-def reserve_slots(cache: DynamicCache, index: int, n: int, rows: int, kv_heads: int, head_dim: int,
-                  like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Room for ``n`` more slots in layer ``index`` of ``cache``, for a forward that writes
-    its new keys and values itself (:func:`~specviz.models.fused.fused_forward`).
-
-    The layer's keys and values become views of ``held + n`` slots at the front of the same
-    buffers :func:`_append_slots` uses, whose last ``n`` slots the caller must fill.
-    ``like`` gives the dtype and device.
-
-    Returns:
-        ``(key buffer, value buffer, held)``, the buffers ``(B, H, capacity, D)``.
-    """
-    layer = cache.layers[index]
-    shape = like.new_empty((rows, kv_heads, 0, head_dim))  # (B, H, 0, D): dtype, device, head size
-    if not layer.is_initialized:
-        layer.lazy_initialization(shape, shape)
-    out = []
-    held = 0
-    for name in ("keys", "values"):
-        buf, held = _room(layer, name, n, shape, (rows, kv_heads))
-        setattr(layer, name, buf.narrow(2, 0, held + n))
-        out.append(buf)
-    return out[0], out[1], held
-
-
-def _append(cache: DynamicCache, k: torch.Tensor, v: torch.Tensor, index: int):
-    """``cache.update(k, v, index)`` for a full-attention ``DynamicLayer``, appending in
-    place where the layer has room (:func:`_append_slots`); ``(keys, values)``."""
-    layer = cache.layers[index]
-    if type(layer).__name__ != "DynamicLayer":
-        return cache.update(k, v, index)
-    if not layer.is_initialized:
-        layer.lazy_initialization(k, v)
-    layer.keys = _append_slots(layer, "keys", k)
-    layer.values = _append_slots(layer, "values", v)
-    return layer.keys, layer.values
-
-
 def _direct_forward(model, cache: DynamicCache, tokens: torch.Tensor, position_ids: torch.Tensor,
                     mask: torch.Tensor | None, logits_to_keep: int, extra: dict, hidden: bool, head=None):
     """The decoder of a :data:`DIRECT_FORWARD_CLASSES` model run layer by layer: the
@@ -487,7 +337,7 @@ def _direct_forward(model, cache: DynamicCache, tokens: torch.Tensor, position_i
     decoder layers' and attention modules' own calls), a few milliseconds per forward,
     and, in layers of :data:`APPEND_FROM` slots or more, the cache's copy of every slot on
     every forward (new slots are written into spare room behind the old ones,
-    :func:`_append_slots`). On
+    :func:`~specviz.models.slots.append_kv`). On
     a CPU the layers' halves before and after attention run as TorchScript programs of the
     same operators (:func:`_layer_programs`).
 
@@ -514,7 +364,7 @@ def _direct_forward(model, cache: DynamicCache, tokens: torch.Tensor, position_i
     for layer, (before, after) in zip(layers, halves):
         attn = layer.self_attn
         q, k, v = before(h, *cos_sin)
-        k, v = _append(cache, k, v, attn.layer_idx)
+        k, v = append_kv(cache, k, v, attn.layer_idx)
         out, _ = attend(attn, q, k, v, mask, dropout=0.0, scaling=attn.scaling, **sliding,
                         position_ids=position_ids, use_cache=True, **extra)
         h = after(h, out)
@@ -575,7 +425,7 @@ def forward_tokens(model, cache: DynamicCache, tokens: torch.Tensor, position_id
     rounding, which only moves what the draft proposes.
 
     A forward onto an empty cache is a prompt's: in the token modes its rows run in one
-    activation pass (:mod:`specviz.models.passes`), every later forward's in the layers'
+    activation pass (:mod:`specviz.quant.passes`), every later forward's in the layers'
     own passes.
 
     Returns:
@@ -604,7 +454,7 @@ def _forward_tokens(model, cache, tokens, position_ids, allowed, logits_to_keep,
         if fused is not None:
             logits = fused[0].float().cpu()
             return (logits, fused[1].float().cpu()) if hidden else logits
-    direct = attention != "sdpa" and (allowed is not None or n == 1) and _direct_forward_supported(model)
+    direct = attention != "sdpa" and (allowed is not None or n == 1) and direct_forward_supported(model)
     if head is not None and not direct:  # model(...) runs its own head; ``head`` scores its hidden states
         with _capture_hidden(model) as captured:
             forward_tokens(model, cache, tokens, position_ids, allowed, logits_to_keep or n, attention=attention)

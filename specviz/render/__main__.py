@@ -10,7 +10,7 @@ from specviz.render.export import README_FIGURE, save_example_tree
 
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m specviz.render --readme-figure [--model builtin|tiny] [--out PATH]``."""
-    from specviz.models.loading import tiny_pair
+    from specviz.models.tiny import tiny_pair
 
     parser = argparse.ArgumentParser(
         prog="python -m specviz.render",

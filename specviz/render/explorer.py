@@ -36,29 +36,26 @@ built-in pair is then loaded in the background thread in the recording's weights
 later unrecorded settings are computed as in live mode). ``python -m
 specviz.render.explorer --record`` records the file again (:func:`record_traces`;
 resumable: each finished setting is stored as it completes).
+
+This module holds the widget (:class:`Explorer`) and :func:`explore`; the settings and
+the strategy each names live in :mod:`specviz.render.explorer_settings`, recordings and
+their replay in :mod:`specviz.render.recording`. Their public names are re-exported
+here, so they import from this module as before.
 """
 
 from __future__ import annotations
 
-import argparse
-import math
 import sys
 import threading
-import time
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import replace
 from html import escape as _escape
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable
 
-import torch
-
-from specviz.decode.engine import speculative_generate
 from specviz.decode.records import GenerationResult, StepTrace
-from specviz.draft import registry
-from specviz.draft.base import Drafter
-from specviz.draft.registry import MethodSpec
-from specviz.locations import DATA_DIR
-from specviz.models.loading import BUILTIN_MODELS, ModelPair, load_pair, tiny_pair
+from specviz.models.loading import load_pair
+from specviz.models.tiny import tiny_pair
+from specviz.models.types import ModelPair
 from specviz.render import (
     figure_mimebundle,
     lookahead_mask_figure,
@@ -68,17 +65,30 @@ from specviz.render import (
     step_tree_figure,
     step_view_figure,
 )
-from specviz.render.traces import (
-    RecordedTokenizer,
-    TraceFile,
-    TraceFileError,
-    read_traces,
-    result_token_ids,
-    token_texts,
-    write_traces,
+from specviz.render.explorer_settings import (
+    BUDGET_RANGE,
+    CHAINS,
+    DEFAULT_PROMPT,
+    DEPTH_RANGE,
+    SLIDER_LABELS,
+    STRATEGIES,
+    TEMPERATURE_RANGE,
+    WIDTH_RANGE,
+    ExplorerSettings,
+    build_drafter,
+    run_settings,
+    strategy_spec,
+    verifier_for,
 )
-from specviz.sampling import SamplingConfig
-from specviz.validate import check_choice, check_int
+from specviz.render.recording import (
+    DEFAULT_TRACES,
+    Recording,
+    load_recording,
+    main,
+    record_traces,
+    recording_settings,
+    replay_models,
+)
 
 __all__ = [
     "STRATEGIES",
@@ -98,388 +108,9 @@ __all__ = [
     "explore",
 ]
 
-#: the dropdown's strategy labels and the registry name each stands for, given the sliders
-_REGISTRY_NAMES: dict[str, Callable[["ExplorerSettings"], str]] = {
-    "chain": lambda s: f"chain-k{s.depth}",
-    "static shape": lambda s: f"tree-k{s.width}-d{s.depth}-n{s.budget}",
-    "dynamic": lambda s: f"dynamic-k{s.width}-d{s.depth}-n{s.budget}",
-    "n-gram": lambda s: f"ngram-trie-n3-d{s.depth}-b{s.budget}-m{s.width}",
-    "adaptive n-gram": lambda s: f"ngram-adaptive-n{s.width}-k{s.depth}",
-    "cascade": lambda s: f"fallback-ngram-n{max(3, s.width)}-k{s.depth}-min{s.width}+chain-k{s.depth}",
-    "switch": lambda s: f"switch-ngram-adaptive-n{s.width}-k{s.depth}+chain-k{s.depth}",
-    "lookahead": lambda s: f"lookahead-w{s.width}-n{s.depth + 1}-g{s.budget}",
-    "medusa": lambda s: f"medusa-k{s.width}-d{s.depth}-n{s.budget}",
-    "eagle": lambda s: f"eagle-k{s.width}-d{s.depth}-n{s.budget}",
-    "eagle + lookup": lambda s: f"merged-b{s.budget}-ngram-n3-k{s.depth}+eagle-k{s.width}-d{s.depth}-n{s.budget}",
-}
-#: slider labels (width, depth, budget) per strategy, where they differ from the trees'
-_SLIDER_LABELS: dict[str, tuple[str, str, str]] = {
-    "n-gram": ("matches", "depth", "budget"),
-    "adaptive n-gram": ("match n", "max length", "budget"),
-    "cascade": ("min match", "length", "budget"),
-    "switch": ("match n", "length", "budget"),
-    "lookahead": ("window W", "guess N-1", "guesses G"),
-}
-#: strategies that draft one chain of at most ``depth`` tokens and ignore the budget
-_CHAINS = ("chain", "adaptive n-gram", "cascade", "switch")
-#: strategy labels shown in the dropdown
-STRATEGIES: tuple[str, ...] = tuple(_REGISTRY_NAMES)
 #: model choices of :func:`explore`: recorded traces of the built-in pair, the random tiny
 #: pair, or the built-in Qwen pair live
 MODELS: tuple[str, ...] = ("replay", "tiny", "builtin")
-#: the explorer's initial prompt
-DEFAULT_PROMPT = "def fibonacci(n):"
-#: the recorded traces replay mode reads
-DEFAULT_TRACES = DATA_DIR / "explorer_traces.json.gz"
-
-# slider ranges: (min, max)
-_WIDTH_RANGE = (1, 8)
-_DEPTH_RANGE = (1, 12)
-_BUDGET_RANGE = (1, 128)
-_TEMPERATURE_RANGE = (0.0, 1.5)
-
-
-@dataclass(frozen=True)
-class ExplorerSettings:
-    """Everything that determines one explored generation (the cache key).
-
-    Attributes:
-        prompt: the user prompt (the chat template is applied).
-        strategy: one of :data:`STRATEGIES`.
-        width: top-k, children per node (static shape, dynamic, medusa, eagle, eagle +
-            lookup), merged matches (n-gram), the longest match n (adaptive n-gram,
-            switch), the shortest match prompt lookup drafts from (cascade) or the
-            window's width W (lookahead).
-        depth: draft depth (the chain length for "chain", and for both parts of "cascade",
-            "switch" and "eagle + lookup"; a guess's length N - 1 for lookahead).
-        budget: maximum draft nodes per step (static shape, dynamic, n-gram, the trees of
-            the heads, shared by both parts of "eagle + lookup") or guesses per step G
-            (lookahead).
-        temperature: 0 = greedy; > 0 samples, verified losslessly.
-        max_new_tokens: tokens to generate.
-        seed: seeds drafting and verification.
-    """
-
-    prompt: str = DEFAULT_PROMPT
-    strategy: str = "dynamic"
-    width: int = 2
-    depth: int = 3
-    budget: int = 32
-    temperature: float = 0.0
-    max_new_tokens: int = 24
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.prompt, str) or not self.prompt.strip():
-            raise ValueError(f"prompt must be non-empty text, got {self.prompt!r}")
-        check_choice("strategy", self.strategy, STRATEGIES)
-        check_int("width", self.width, *_WIDTH_RANGE)
-        check_int("depth", self.depth, *_DEPTH_RANGE)
-        check_int("budget", self.budget, *_BUDGET_RANGE)
-        check_int("max_new_tokens", self.max_new_tokens, 1, 4096)
-        check_int("seed", self.seed, 0, 2**63 - 1)
-        lo, hi = _TEMPERATURE_RANGE
-        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) \
-                or not lo <= self.temperature <= hi:
-            raise ValueError(f"temperature must be a number in [{lo}, {hi}], got {self.temperature!r}")
-
-    def canonical(self) -> "ExplorerSettings":
-        """The same generation with settings the strategy ignores fixed, so that settings
-        that differ only there share one cache entry: a chain ignores width and budget (the
-        adaptive n-gram chain its budget), and
-        a budget above the nodes a static shape or a dynamic tree can propose (``width ** 1
-        + ... + width ** depth``; ``width + (depth - 1) * width ** 2`` for EAGLE-2's
-        frontier of ``width`` nodes, plus the lookup chain's ``depth`` for "eagle +
-        lookup") keeps them all, as that number does."""
-        temperature = round(float(self.temperature), 6)
-        if self.strategy == "chain":
-            return replace(self, width=1, budget=self.depth, temperature=temperature)
-        if self.strategy in _CHAINS:
-            return replace(self, budget=self.depth, temperature=temperature)
-        if self.strategy in ("static shape", "medusa"):
-            full = sum(self.width ** d for d in range(1, self.depth + 1))
-            return replace(self, budget=min(self.budget, full), temperature=temperature)
-        if self.strategy in ("dynamic", "eagle", "eagle + lookup"):
-            pool = self.width + (self.depth - 1) * self.width ** 2
-            if self.strategy == "eagle + lookup":  # lookup's chain of ``depth`` comes first
-                pool += self.depth
-            return replace(self, budget=min(self.budget, pool), temperature=temperature)
-        return replace(self, temperature=temperature)
-
-    def describe(self) -> str:
-        """The settings in words, as the sliders name them."""
-        width, depth, budget = _SLIDER_LABELS.get(self.strategy, ("width", "depth", "budget"))
-        parts = [self.strategy]
-        if self.strategy != "chain":
-            parts.append(f"{width} {self.width}")
-        parts.append(f"{depth} {self.depth}")
-        if self.strategy not in _CHAINS:
-            parts.append(f"{budget} {self.budget}")
-        parts.append(f"temperature {self.temperature:g}")
-        return " · ".join(parts)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The settings as plain data (how a trace file stores them)."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> "ExplorerSettings":
-        """Settings from :meth:`to_dict`'s plain data.
-
-        Raises:
-            ValueError: a missing, unknown or out-of-range field.
-        """
-        if not isinstance(raw, Mapping):
-            raise ValueError(f"settings must be a mapping, got {type(raw).__name__}")
-        names = {f.name for f in fields(cls)}
-        unknown, missing = sorted(set(raw) - names), sorted(names - set(raw))
-        if unknown or missing:
-            raise ValueError(f"settings {dict(raw)} have unknown fields {unknown} / lack fields {missing}")
-        return cls(**raw)
-
-
-def strategy_spec(settings: ExplorerSettings) -> MethodSpec:
-    """The registry strategy the settings describe (see :data:`STRATEGIES`)."""
-    return registry.parse_strategy(_REGISTRY_NAMES[settings.strategy](settings))
-
-
-def build_drafter(settings: ExplorerSettings, pair: ModelPair) -> Drafter:
-    """The drafter the settings describe, built by the registry."""
-    return registry.build_drafter(strategy_spec(settings), pair)
-
-
-def verifier_for(settings: ExplorerSettings) -> str:
-    """The registry's lossless verification rule for the settings' strategy: greedy at
-    temperature 0, Leviathan's chain rule for chains, deterministic top-k siblings
-    (rule D) for the trees."""
-    return strategy_spec(settings).verifier(float(settings.temperature))
-
-
-class _ReportingDrafter(Drafter):
-    """Passes every call to ``inner`` and reports each finished step (for progress bars)."""
-
-    def __init__(self, inner: Drafter, on_step: Callable[[StepTrace], None]) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.needs_target_outputs = inner.needs_target_outputs
-        self.needs_target_hidden = inner.needs_target_hidden
-        self._on_step = on_step
-
-    def observe_hidden(self, step, hidden) -> None:
-        self.inner.observe_hidden(step, hidden)
-
-    def draft(self, context, config, sibling_sampling, generator):
-        return self.inner.draft(context, config, sibling_sampling, generator)
-
-    def observe(self, step) -> None:
-        self.inner.observe(step)
-        self._on_step(step)
-
-    def side_branch(self, context, tree):
-        return self.inner.side_branch(context, tree)
-
-    def observe_target(self, step, logits, side_logits) -> None:
-        self.inner.observe_target(step, logits, side_logits)
-
-    def reset(self) -> None:
-        self.inner.reset()
-
-    @property
-    def tokenizers(self) -> tuple:
-        return self.inner.tokenizers
-
-
-def run_settings(settings: ExplorerSettings, pair: ModelPair,
-                 on_step: Callable[[StepTrace], None] | None = None) -> GenerationResult:
-    """Generate with the settings' drafter and verifier; ``on_step`` sees every step."""
-    drafter = build_drafter(settings, pair)
-    if on_step is not None:
-        drafter = _ReportingDrafter(drafter, on_step)
-    return speculative_generate(pair.target, drafter, settings.prompt,
-                                max_new_tokens=settings.max_new_tokens,
-                                config=SamplingConfig(temperature=float(settings.temperature)),
-                                verifier=verifier_for(settings), seed=settings.seed)
-
-
-# -- recordings ----------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Recording:
-    """Recorded explorer generations, ready to replay without a model.
-
-    Attributes:
-        info: what recorded them: ``target`` and ``draft`` model names, ``weights`` (the
-            weight mode), ``device``, ``max_new_tokens``, ``seed``, ``threads`` and library
-            versions.
-        results: the generations, keyed by canonical settings (:meth:`ExplorerSettings.canonical`).
-        tokenizer: decodes every recorded token for the labels.
-        path: the file it was read from (None for one built in memory).
-    """
-
-    info: Mapping[str, Any]
-    results: Mapping[ExplorerSettings, GenerationResult]
-    tokenizer: RecordedTokenizer
-    path: Path | None = None
-
-    @property
-    def weights(self) -> str:
-        return str(self.info.get("weights", "?"))
-
-    @property
-    def max_new_tokens(self) -> int:
-        return int(self.info.get("max_new_tokens", 0))
-
-    @property
-    def prompts(self) -> tuple[str, ...]:
-        """The recorded prompts, in first-recorded order."""
-        return tuple(dict.fromkeys(k.prompt for k in self.results))
-
-    def describe(self) -> str:
-        """One line: models, weights, tokens per generation, settings recorded."""
-        return (f"{self.info.get('target', '?')} (target) with {self.info.get('draft', '?')} (draft), "
-                f"{self.weights} weights on {self.info.get('device', '?')}, {self.max_new_tokens} new tokens "
-                f"per setting, {len(self.results)} settings recorded")
-
-    def nearest(self, settings: ExplorerSettings) -> ExplorerSettings | None:
-        """The recorded settings closest to ``settings``: the same prompt, token count and
-        seed first, then the same strategy, then the nearest temperature, then the fewest
-        slider steps (budget steps counted in powers of two)."""
-        key = settings.canonical()
-
-        def distance(k: ExplorerSettings) -> tuple:
-            return (k.prompt != key.prompt, (k.max_new_tokens, k.seed) != (key.max_new_tokens, key.seed),
-                    k.strategy != key.strategy, abs(k.temperature - key.temperature),
-                    abs(k.width - key.width) + abs(k.depth - key.depth) + abs(math.log2(k.budget / key.budget)),
-                    STRATEGIES.index(k.strategy), k.depth, k.width, k.budget)
-
-        return min(self.results, key=distance, default=None)
-
-
-def _recording(traces: TraceFile, path: Path | None) -> Recording:
-    results: dict[ExplorerSettings, GenerationResult] = {}
-    for i, (raw, result) in enumerate(traces.entries):
-        try:
-            key = ExplorerSettings.from_dict(raw).canonical()
-        except (TypeError, ValueError) as err:
-            raise TraceFileError(f"{path or 'recording'}: traces[{i}].settings: {err}") from None
-        results.setdefault(key, result)
-    return Recording(info=dict(traces.info), results=results, tokenizer=traces.tokenizer, path=path)
-
-
-def load_recording(path: str | Path | None = None) -> Recording:
-    """Read recorded explorer traces (default :data:`DEFAULT_TRACES`).
-
-    Raises:
-        FileNotFoundError: no file at ``path`` (record one with ``python -m specviz.render.explorer --record``).
-        specviz.render.traces.TraceFileError: a corrupt file, another format or version, or
-            settings the explorer does not accept.
-    """
-    path = Path(path) if path is not None else DEFAULT_TRACES
-    if not path.is_file():
-        raise FileNotFoundError(f"no recorded explorer traces at {path}; record them with "
-                                f"python -m specviz.render.explorer --record {path}")
-    return _recording(read_traces(path), path)
-
-
-def recording_settings(prompt: str = DEFAULT_PROMPT, max_new_tokens: int = 24,
-                       seed: int = 0) -> tuple[ExplorerSettings, ...]:
-    """The settings the committed recording holds, in canonical form: every strategy at the
-    explorer's default sliders, the dynamic tree one slider step either way (depth 2 and 4,
-    width 3) and at budgets 4 and 8, chains of depth 2 and 4, and the default dynamic tree
-    and chain at temperature 1.0."""
-    base = ExplorerSettings(prompt=prompt, max_new_tokens=max_new_tokens, seed=seed)
-    grid = [replace(base, strategy=s) for s in STRATEGIES]
-    grid += [replace(base, depth=2), replace(base, depth=4), replace(base, width=3),
-             replace(base, budget=4), replace(base, budget=8)]
-    grid += [replace(base, strategy="chain", depth=2), replace(base, strategy="chain", depth=4)]
-    grid += [replace(base, temperature=1.0), replace(base, strategy="chain", temperature=1.0)]
-    return tuple(dict.fromkeys(s.canonical() for s in grid))
-
-
-def _pair_info(pair: ModelPair) -> dict[str, Any]:
-    import transformers
-
-    return {"target": pair.target.name, "draft": pair.draft.name, "weights": pair.target.weight_mode,
-            "device": str(pair.target.device), "threads": torch.get_num_threads(),
-            "torch": torch.__version__, "transformers": transformers.__version__}
-
-
-def record_traces(path: str | Path = DEFAULT_TRACES, settings: Iterable[ExplorerSettings] | None = None,
-                  pair: ModelPair | Callable[[], ModelPair] | None = None, *, weights: str = "fp32",
-                  log: Callable[[str], None] | None = None) -> Recording:
-    """Record the generations of ``settings`` into the trace file ``path``, resumably.
-
-    Settings already in the file are kept and not run again, and the file is rewritten
-    (atomically) after every finished setting, so an interrupted recording resumes where it
-    stopped. The pair is loaded only when something is left to record.
-
-    Args:
-        path: the gzip'd JSON trace file (:mod:`specviz.render.traces`).
-        settings: what to record (default :func:`recording_settings`); every setting must
-            share one ``max_new_tokens`` and ``seed``.
-        pair: the models, or a function that loads them; None loads the built-in pair in
-            ``weights`` on the CPU.
-        weights: weight mode of the built-in pair when ``pair`` is None.
-        log: where progress lines go (default: stdout).
-
-    Returns:
-        The whole recording, as :func:`load_recording` reads it.
-
-    Raises:
-        TypeError: a setting that is not an :class:`ExplorerSettings`.
-        ValueError: settings with different token counts or seeds, or an existing file that
-            was recorded with other models, weights, token count or seed.
-        specviz.render.traces.TraceFileError: an existing file that cannot be read.
-    """
-    log = log or (lambda line: print(line, flush=True))
-    path = Path(path)
-    asked = list(recording_settings() if settings is None else settings)
-    wrong = [s for s in asked if not isinstance(s, ExplorerSettings)]
-    if wrong:
-        raise TypeError(f"settings must be ExplorerSettings, got {type(wrong[0]).__name__}")
-    todo = list(dict.fromkeys(s.canonical() for s in asked))
-    if not todo:
-        raise ValueError("no settings to record")
-    if len({(s.max_new_tokens, s.seed) for s in todo}) != 1:
-        raise ValueError("every recorded setting must share one max_new_tokens and one seed")
-    fixed = {"max_new_tokens": todo[0].max_new_tokens, "seed": todo[0].seed}
-    traces = read_traces(path) if path.exists() else TraceFile(info={})
-    entries = list(traces.entries)
-    tokens = dict(traces.tokens)
-    done = set(_recording(traces, path).results)
-    if traces.info:
-        clash = {k: (traces.info.get(k), v) for k, v in fixed.items() if traces.info.get(k) != v}
-        if clash:
-            raise ValueError(f"{path} was recorded with other settings {clash} (file, asked); "
-                             "record into another file")
-    todo = [s for s in todo if s not in done]
-    log(f"[record] {path}: {len(done)} setting(s) recorded, {len(todo)} to record")
-    loaded: ModelPair | None = None
-    for i, key in enumerate(todo, 1):
-        if loaded is None:
-            if isinstance(pair, ModelPair):
-                loaded = pair
-            elif pair is not None:
-                loaded = pair()
-            else:
-                log(f"[record] loading the built-in pair in {weights} on the CPU")
-                loaded = load_pair(dtype=weights, device="cpu")
-            info = {**_pair_info(loaded), **fixed}
-            if traces.info:
-                clash = {k: (traces.info.get(k), info[k]) for k in ("target", "draft", "weights")
-                         if traces.info.get(k) != info[k]}
-                if clash:
-                    raise ValueError(f"{path} was recorded with other models or weights {clash} (file, now); "
-                                     "record into another file")
-                info = dict(traces.info)
-        start = time.perf_counter()
-        result = run_settings(key, loaded)
-        entries.append((key.to_dict(), result))
-        tokens.update(token_texts(loaded.target.tokenizer, result_token_ids(result) - set(tokens)))
-        write_traces(path, TraceFile(info=info, entries=tuple(entries), tokens=tokens))
-        log(f"[record {i}/{len(todo)}] {key.describe()}: {len(result.steps)} steps, "
-            f"{result.n_new_tokens} tokens in {time.perf_counter() - start:.1f} s")
-    return load_recording(path)
 
 
 # -- the widget -----------------------------------------------------------------------------------
@@ -536,25 +167,41 @@ class Explorer:
         self._applying = False
         self._nearest: ExplorerSettings | None = None
         self.computations = 0
+        self._fixed = dict(max_new_tokens=settings.max_new_tokens, seed=settings.seed)
 
+        self._build_controls(w, settings)
+        self._build_outputs(w)
+        self._build_layout(w, recording)
+        self._sync_enabled()
+        self._show_first(settings)
+        self._connect()
+
+    # -- building ------------------------------------------------------------------------------
+    def _build_controls(self, w: Any, settings: ExplorerSettings) -> None:
+        """The input controls (prompt, strategy, sliders, mask checkbox) at ``settings``,
+        and the progress bar; ``w`` is the ``ipywidgets`` module."""
         self.prompt = w.Textarea(value=settings.prompt, description="prompt", continuous_update=False,
                                  layout=w.Layout(width="100%", height="4em"))
         self.strategy = w.Dropdown(options=STRATEGIES, value=settings.strategy, description="strategy")
         slider = dict(continuous_update=False, style={"description_width": "7em"})
-        self.width = w.IntSlider(value=settings.width, min=_WIDTH_RANGE[0], max=_WIDTH_RANGE[1],
+        self.width = w.IntSlider(value=settings.width, min=WIDTH_RANGE[0], max=WIDTH_RANGE[1],
                                  description="width (top-k)", **slider)
-        self.depth = w.IntSlider(value=settings.depth, min=_DEPTH_RANGE[0], max=_DEPTH_RANGE[1],
+        self.depth = w.IntSlider(value=settings.depth, min=DEPTH_RANGE[0], max=DEPTH_RANGE[1],
                                  description="depth", **slider)
-        self.budget = w.IntSlider(value=settings.budget, min=_BUDGET_RANGE[0], max=_BUDGET_RANGE[1],
+        self.budget = w.IntSlider(value=settings.budget, min=BUDGET_RANGE[0], max=BUDGET_RANGE[1],
                                   description="budget", **slider)
-        self.temperature = w.FloatSlider(value=settings.temperature, min=_TEMPERATURE_RANGE[0],
-                                         max=_TEMPERATURE_RANGE[1], step=0.1, readout_format=".1f",
+        self.temperature = w.FloatSlider(value=settings.temperature, min=TEMPERATURE_RANGE[0],
+                                         max=TEMPERATURE_RANGE[1], step=0.1, readout_format=".1f",
                                          description="temperature", **slider)
         self.step = w.IntSlider(value=0, min=0, max=0, description="step",
                                 layout=w.Layout(width="60%"), **slider)
         self.show_mask = w.Checkbox(value=False, description="show attention mask")
         self.progress = w.IntProgress(value=0, min=0, max=settings.max_new_tokens, description="tokens",
                                       layout=w.Layout(visibility="hidden"))
+
+    def _build_outputs(self, w: Any) -> None:
+        """The status lines, the "not recorded" box with its two buttons, the statistics and
+        the three figure outputs; ``w`` is the ``ipywidgets`` module."""
         self.status = w.HTML()
         self.banner = w.HTML()
         self.source = w.HTML()
@@ -573,8 +220,10 @@ class Explorer:
         self.mask_out.add_class("specviz-mask")
         self.steps_out = w.Output(layout=w.Layout(overflow="auto", max_width="100%"))
         self.steps_out.add_class("specviz-steps")
-        self._fixed = dict(max_new_tokens=settings.max_new_tokens, seed=settings.seed)
 
+    def _build_layout(self, w: Any, recording: Recording | None) -> None:
+        """The replay banner (with a ``recording``) and :attr:`widget`, the box holding
+        every control and output; ``w`` is the ``ipywidgets`` module."""
         if recording is not None:
             self.banner.value = (f"<div style='padding:4px 8px;background:#E8F4FA;border-left:4px solid #0072B2'>"
                                  f"<b>Replaying a recording:</b> {_escape(recording.describe())}. "
@@ -592,7 +241,9 @@ class Explorer:
                               self.tree_out, self.mask_out, self.steps_out])
         self.widget.add_class("specviz-explorer")
 
-        self._sync_enabled()
+    def _show_first(self, settings: ExplorerSettings) -> None:
+        """Draw the initial ``settings``: recorded or cached, computed now in live mode
+        (synchronously), or else the "not recorded" box."""
         key = settings.canonical()
         if key not in self.results and self.live:
             self.results[key] = run_settings(key, self._models())
@@ -601,6 +252,9 @@ class Explorer:
             self._show(key, reset_step=True)
         else:
             self._show_missing(settings)
+
+    def _connect(self) -> None:
+        """Make the controls and buttons call their handlers."""
         for control in (self.prompt, self.strategy, self.width, self.depth, self.budget, self.temperature):
             control.observe(self._on_settings, names="value")
         self.step.observe(self._on_step, names="value")
@@ -630,6 +284,7 @@ class Explorer:
         self._on_settings(None)
 
     def _models(self) -> ModelPair:
+        """The pair to compute with, loaded by ``live_pair`` the first time in replay mode."""
         if self.pair is None:
             if self._live_pair is None:
                 raise RuntimeError("this explorer has no models to compute with")
@@ -637,13 +292,16 @@ class Explorer:
         return self.pair
 
     def _sync_enabled(self) -> None:
+        """Enable the sliders the strategy uses and name them as it does."""
         strategy = self.strategy.value
         self.width.disabled = strategy == "chain"
-        self.budget.disabled = strategy in _CHAINS
-        labels = _SLIDER_LABELS.get(strategy, ("width (top-k)", "depth", "budget"))
+        self.budget.disabled = strategy in CHAINS
+        labels = SLIDER_LABELS.get(strategy, ("width (top-k)", "depth", "budget"))
         self.width.description, self.depth.description, self.budget.description = labels
 
     def _on_settings(self, change) -> None:
+        """A control changed: draw the settings' result, say they are not recorded, or compute
+        them."""
         if self._applying:
             return
         self._sync_enabled()
@@ -664,6 +322,8 @@ class Explorer:
         self._request(key)
 
     def _request(self, key: ExplorerSettings) -> None:
+        """Compute ``key``: now, or in the background thread (only the latest request waits
+        there)."""
         self._clear()
         if not self.background:
             self._compute(key)
@@ -683,10 +343,12 @@ class Explorer:
         self._on_settings(None)
 
     def _on_nearest(self, button=None) -> None:
+        """Move the controls to the nearest recorded setting."""
         if self._nearest is not None:
             self.apply(self._nearest)
 
     def _worker(self) -> None:
+        """The background thread: compute the latest pending request until none is left."""
         while True:
             with self._lock:
                 key, self._pending = self._pending, None
@@ -697,11 +359,14 @@ class Explorer:
             self._compute(key)
 
     def _compute(self, key: ExplorerSettings) -> None:
+        """Run ``key``'s generation with a progress bar, cache it, and draw it if the controls
+        still show it."""
         self.progress.max = key.max_new_tokens
         self.progress.value = 0
         self.progress.layout.visibility = "visible"
 
         def advance(step: StepTrace) -> None:
+            """Count one finished step's tokens on the progress bar."""
             self.progress.value = min(self.progress.max, self.progress.value + step.acceptance.tau)
 
         try:
@@ -781,6 +446,7 @@ class Explorer:
         self.missing_box.layout.display = "flex"
 
     def _show(self, key: ExplorerSettings, reset_step: bool) -> None:
+        """Draw ``key``'s cached result (with ``reset_step``, fit the step slider to its steps)."""
         result = self.results[key]
         self._shown = key
         self.missing_box.layout.display = "none"
@@ -798,6 +464,7 @@ class Explorer:
         self._draw()
 
     def _on_step(self, change) -> None:
+        """The step slider or the mask checkbox changed: draw again."""
         if self._shown is not None:
             self._draw()
 
@@ -809,6 +476,7 @@ class Explorer:
         return self.pair.target.tokenizer
 
     def _draw(self) -> None:
+        """Draw the shown result's statistics and figures at the step slider's step."""
         result = self.results[self._shown]
         tokenizer = self.tokenizer_for(self._shown)
         if not result.steps:
@@ -831,6 +499,7 @@ class Explorer:
 
     @staticmethod
     def _display(out, *figs) -> None:
+        """Show ``figs`` in the widget output ``out``."""
         # Assigning the outputs (rather than `with out: display(fig)`) works from any thread.
         out.outputs = tuple({"output_type": "display_data", "data": figure_mimebundle(fig), "metadata": {}}
                             for fig in figs)
@@ -845,6 +514,7 @@ class Explorer:
         return f"specviz explorer, live on {t.name} (target) with {d.name} (draft), {weights}"
 
     def _repr_mimebundle_(self, **kwargs):
+        """The widget view, with :meth:`describe` as its plain text."""
         # the widget view, with a short stable text for front ends (and notebook checks) without widgets
         bundle = self.widget._repr_mimebundle_(**kwargs)
         if isinstance(bundle, dict):
@@ -854,6 +524,8 @@ class Explorer:
 
 def _load(model: str | ModelPair, dtype: str | None, device: str | None,
           draft_dtype: str | None = None) -> ModelPair:
+    """A model given to :func:`explore` by name (``tiny`` or ``builtin``, in ``dtype``, on
+    ``device``), or a loaded pair as it is."""
     if isinstance(model, ModelPair):
         if draft_dtype is not None:
             raise ValueError("draft_dtype applies to a model given by name; a loaded ModelPair keeps its weights")
@@ -863,25 +535,6 @@ def _load(model: str | ModelPair, dtype: str | None, device: str | None,
     if model == "builtin":
         return load_pair(dtype=dtype or "bf16", device=device, draft_dtype=draft_dtype)
     raise ValueError(f"model must be one of {MODELS} or a ModelPair, got {model!r}")
-
-
-def _replay_models(recording: Recording, device: str | None) -> Callable[[], ModelPair]:
-    """A loader of the pair that made ``recording``, in its weights (on its device unless
-    ``device`` says otherwise)."""
-    target, draft = str(recording.info.get("target", "")), str(recording.info.get("draft", ""))
-    weights = recording.weights
-    where = device or str(recording.info.get("device", "cpu"))
-
-    def load() -> ModelPair:
-        if target.lower() in BUILTIN_MODELS and draft.lower() in BUILTIN_MODELS:
-            return load_pair(target, draft, dtype=weights, device=where)
-        prefix = "tiny-qwen2-seed"
-        if target.startswith(prefix) and target[len(prefix):].isdigit():
-            return tiny_pair(seed=int(target[len(prefix):]), dtype=weights, device=where)
-        raise ValueError(f"the recording's models {target!r} / {draft!r} cannot be loaded by name; "
-                         "pass a ModelPair to explore() to compute live")
-
-    return load
 
 
 def explore(model: str | ModelPair = "replay", prompt: str = DEFAULT_PROMPT, *, strategy: str = "dynamic",
@@ -901,7 +554,7 @@ def explore(model: str | ModelPair = "replay", prompt: str = DEFAULT_PROMPT, *, 
             (see :class:`ExplorerSettings`).
         max_new_tokens: tokens generated per setting (replay: the recording's, 24).
         seed: random seed of drafting and verification.
-        dtype: weight mode of a model given by name (``fp32``, ``bf16``, ``int8``, ``w8a8``,
+        dtype: weight mode of a model given by name (``fp32``, ``bf16``, ``w8a8-token``,
             ...); None: bf16 for the builtin pair, fp32 for the tiny one, the recording's
             (fp32) in replay mode, which accepts no other.
         draft_dtype: the draft's weight mode when it differs from ``dtype`` (e.g.
@@ -930,38 +583,8 @@ def explore(model: str | ModelPair = "replay", prompt: str = DEFAULT_PROMPT, *, 
             raise ValueError(f"replay mode's draft runs in {recording.weights} (the recording's), got "
                              f"draft_dtype={draft_dtype!r}; use model='builtin' for a draft in another mode")
         return Explorer(None, settings, background=background, recording=recording,
-                        live_pair=_replay_models(recording, device))
+                        live_pair=replay_models(recording, device))
     return Explorer(_load(model, dtype, device, draft_dtype), settings, background=background)
-
-
-# -- command line ----------------------------------------------------------------------------------
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m specviz.render.explorer --record [PATH]``: record the replay traces."""
-    parser = argparse.ArgumentParser(prog="python -m specviz.render.explorer", description=(
-        "Record the explorer's replay traces: the built-in pair's generations for the settings of "
-        "recording_settings(), stored after each one, so an interrupted run resumes."))
-    parser.add_argument("--record", metavar="PATH", nargs="?", const=str(DEFAULT_TRACES), required=True,
-                        help=f"the trace file to write or complete (default {DEFAULT_TRACES})")
-    parser.add_argument("--weights", default="fp32", help="weight mode of the built-in pair (default fp32)")
-    parser.add_argument("--max-new-tokens", type=int, default=24, help="tokens per generation (default 24)")
-    parser.add_argument("--prompt", default=DEFAULT_PROMPT, help=f"the prompt (default {DEFAULT_PROMPT!r})")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-    args = parser.parse_args(argv)
-    if args.threads < 1:
-        parser.error(f"--threads must be >= 1, got {args.threads}")
-    torch.set_num_threads(args.threads)
-    try:
-        settings = recording_settings(args.prompt, args.max_new_tokens)
-        start = time.perf_counter()
-        recording = record_traces(args.record, settings, weights=args.weights)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    size = Path(args.record).stat().st_size
-    print(f"[record] {recording.describe()}; {size / 1024:.0f} KiB in {args.record} "
-          f"({time.perf_counter() - start:.0f} s)")
-    return 0
 
 
 if __name__ == "__main__":

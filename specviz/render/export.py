@@ -15,7 +15,7 @@ from specviz.render.trees import step_tree_figure
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-    from specviz.models.loading import ModelPair
+    from specviz.models.types import ModelPair
 
 __all__ = ["save_html", "save_png", "README_FIGURE", "save_example_tree"]
 
@@ -91,7 +91,7 @@ def save_example_tree(path: str | Path = README_FIGURE, pair: "ModelPair | None"
     from specviz.models.loading import load_pair
     from specviz.tree.shapes import expansion
 
-    pair = load_pair() if pair is None else pair
+    pair = load_pair(dtype="bf16") if pair is None else pair
     drafter = TreeDrafter(pair.draft, expansion(branching))
     result = speculative_generate(pair.target, drafter, prompt, max_new_tokens=max_new_tokens)
     step = result.steps[representative_step(result)]

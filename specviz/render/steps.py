@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
-from specviz.render.trees import MONO_FONT, escape_token, figure_title, plot_text, token_text
+from specviz.render.text import MONO_FONT, escape_token, figure_title, plot_text, token_text
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -125,7 +125,6 @@ def step_view_figure(result: "GenerationResult", *, tokenizer: Any = None,
         line_chars: characters per text line.
         title: figure title.
     """
-    import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     if line_chars < 8:
@@ -145,60 +144,15 @@ def step_view_figure(result: "GenerationResult", *, tokenizer: Any = None,
                         row_heights=[text_h / (text_h + bars_h), bars_h / (text_h + bars_h)],
                         subplot_titles=("generated text, coloured by step",
                                         "tokens committed per step (x axis: step)"))
-    for kind, weight in (("drafted", "normal"), ("bonus", "bold")):
-        members = [i for i, t in enumerate(toks) if t.kind == kind]
-        fig.add_trace(go.Scatter(
-            x=[where[i][1] + len(labels[i]) / 2 for i in members], y=[-where[i][0] for i in members],
-            mode="text", text=[plot_text(labels[i]) for i in members],
-            textfont=dict(family=MONO_FONT, size=13, color="#000000", weight=weight),
-            name="accepted draft token" if kind == "drafted" else "bonus token (target)",
-            hovertext=[f"{plot_text(labels[i])}<br>output position {toks[i].position}<br>"
-                       f"step {toks[i].step} · {kind}" for i in members],
-            hoverinfo="text", legendgroup=kind,
-        ), row=1, col=1)
+    for trace in _token_traces(toks, labels, where):
+        fig.add_trace(trace, row=1, col=1)
     # one layout update with all boxes: adding shapes one by one is slow in plotly
-    boxes = []
-    for i, t in enumerate(toks):
-        line, col = where[i]
-        emph = t.step == highlight_step
-        boxes.append(dict(type="rect", xref="x", yref="y", x0=col, x1=col + len(labels[i]),
-                          y0=-line - 0.42, y1=-line + 0.42, layer="below",
-                          fillcolor=_STEP_COLORS[t.step % len(_STEP_COLORS)], opacity=0.9 if emph else 0.45,
-                          line=dict(color="#000000" if (t.kind == "bonus" or emph) else "rgba(0,0,0,0)",
-                                    width=2 if emph else 1)))
-    fig.update_layout(shapes=boxes)
-
-    steps = list(range(n_steps))
-    colors = [_STEP_COLORS[s % len(_STEP_COLORS)] for s in steps]
-    outline = [3 if s == highlight_step else 0.5 for s in steps]
-    fig.add_trace(go.Bar(x=steps, y=[st.acceptance.n_accepted for st in result.steps],
-                         marker=dict(color=colors, line=dict(color="#000000", width=outline)),
-                         name="accepted draft tokens",
-                         hovertemplate="step %{x}: %{y} accepted<extra></extra>"), row=2, col=1)
-    # Hatched bars with one colour per bar make plotly.js warn about invalid colours, so
-    # the bonus bars are one trace per step colour, shown in the legend once.
-    for k, color in enumerate(_STEP_COLORS):
-        mine = [s for s in steps if s % len(_STEP_COLORS) == k]
-        if not mine:
-            continue
-        fig.add_trace(go.Bar(x=mine, y=[1] * len(mine),
-                             marker=dict(color=color, pattern=dict(shape="/", fgcolor="#000000"),
-                                         line=dict(color="#000000", width=[outline[s] for s in mine])),
-                             name="bonus token", legendgroup="bonus token", showlegend=k == 0,
-                             hovertemplate="step %{x}: +1 bonus<extra></extra>"),
-                      row=2, col=1)
-    fig.add_trace(go.Scatter(x=steps, y=[st.expected_accepted for st in result.steps],
-                             mode="markers", marker=dict(symbol="diamond", color="#000000", size=8),
-                             name="expected accepted (exact)",
-                             hovertemplate="step %{x}: expected %{y:.3f}<extra></extra>"), row=2, col=1)
+    fig.update_layout(shapes=_token_boxes(toks, labels, where, highlight_step))
+    for trace in _step_traces(result, highlight_step):
+        fig.add_trace(trace, row=2, col=1)
 
     if title is None:
-        from specviz.metrics.acceptance import summarize_steps
-
-        stats = summarize_steps(result.steps, new_tokens=len(toks))
-        title = (f"{len(toks)} tokens in {n_steps} steps · accepted per step "
-                 f"{stats.accepted_per_step:.3f} · tau {stats.tokens_per_step:.3f} · "
-                 f"acceptance rate {stats.acceptance_rate:.3f}")
+        title = _generation_title(result, len(toks))
     fig.update_layout(
         title=figure_title(title), barmode="stack", autosize=True, height=int(text_h + bars_h + 160),
         margin=dict(l=60, r=30, t=90, b=130), plot_bgcolor="#FFFFFF", paper_bgcolor="#FFFFFF",
@@ -209,6 +163,85 @@ def step_view_figure(result: "GenerationResult", *, tokenizer: Any = None,
     fig.update_xaxes(dtick=1 if n_steps <= 30 else None, row=2, col=1)
     fig.update_yaxes(title="tokens", gridcolor="#EEEEEE", rangemode="tozero", row=2, col=1)
     return fig
+
+
+def _token_traces(toks: Sequence[CommittedToken], labels: Sequence[str],
+                  where: Sequence[tuple[int, int]]) -> list:
+    """The text panel's two text traces: accepted draft tokens (plain) and bonus tokens
+    (bold), each label centred on its (line, column) in ``where``."""
+    import plotly.graph_objects as go
+
+    traces = []
+    for kind, weight in (("drafted", "normal"), ("bonus", "bold")):
+        members = [i for i, t in enumerate(toks) if t.kind == kind]
+        traces.append(go.Scatter(
+            x=[where[i][1] + len(labels[i]) / 2 for i in members], y=[-where[i][0] for i in members],
+            mode="text", text=[plot_text(labels[i]) for i in members],
+            textfont=dict(family=MONO_FONT, size=13, color="#000000", weight=weight),
+            name="accepted draft token" if kind == "drafted" else "bonus token (target)",
+            hovertext=[f"{plot_text(labels[i])}<br>output position {toks[i].position}<br>"
+                       f"step {toks[i].step} · {kind}" for i in members],
+            hoverinfo="text", legendgroup=kind,
+        ))
+    return traces
+
+
+def _token_boxes(toks: Sequence[CommittedToken], labels: Sequence[str], where: Sequence[tuple[int, int]],
+                 highlight_step: int | None) -> list[dict]:
+    """One rectangle shape behind each token, coloured by its step: outlined for bonus
+    tokens, stronger and thicker for the tokens of ``highlight_step``."""
+    boxes = []
+    for i, t in enumerate(toks):
+        line, col = where[i]
+        emph = t.step == highlight_step
+        boxes.append(dict(type="rect", xref="x", yref="y", x0=col, x1=col + len(labels[i]),
+                          y0=-line - 0.42, y1=-line + 0.42, layer="below",
+                          fillcolor=_STEP_COLORS[t.step % len(_STEP_COLORS)], opacity=0.9 if emph else 0.45,
+                          line=dict(color="#000000" if (t.kind == "bonus" or emph) else "rgba(0,0,0,0)",
+                                    width=2 if emph else 1)))
+    return boxes
+
+
+def _step_traces(result: "GenerationResult", highlight_step: int | None) -> list:
+    """The step panel's traces: accepted draft tokens per step (bars in the step
+    colours), the bonus token stacked on them (hatched, one trace per colour) and the
+    exact expected accepted tokens (diamonds); ``highlight_step``'s bars are outlined."""
+    import plotly.graph_objects as go
+
+    steps = list(range(len(result.steps)))
+    colors = [_STEP_COLORS[s % len(_STEP_COLORS)] for s in steps]
+    outline = [3 if s == highlight_step else 0.5 for s in steps]
+    traces = [go.Bar(x=steps, y=[st.acceptance.n_accepted for st in result.steps],
+                     marker=dict(color=colors, line=dict(color="#000000", width=outline)),
+                     name="accepted draft tokens",
+                     hovertemplate="step %{x}: %{y} accepted<extra></extra>")]
+    # Hatched bars with one colour per bar make plotly.js warn about invalid colours, so
+    # the bonus bars are one trace per step colour, shown in the legend once.
+    for k, color in enumerate(_STEP_COLORS):
+        mine = [s for s in steps if s % len(_STEP_COLORS) == k]
+        if not mine:
+            continue
+        traces.append(go.Bar(x=mine, y=[1] * len(mine),
+                             marker=dict(color=color, pattern=dict(shape="/", fgcolor="#000000"),
+                                         line=dict(color="#000000", width=[outline[s] for s in mine])),
+                             name="bonus token", legendgroup="bonus token", showlegend=k == 0,
+                             hovertemplate="step %{x}: +1 bonus<extra></extra>"))
+    traces.append(go.Scatter(x=steps, y=[st.expected_accepted for st in result.steps],
+                             mode="markers", marker=dict(symbol="diamond", color="#000000", size=8),
+                             name="expected accepted (exact)",
+                             hovertemplate="step %{x}: expected %{y:.3f}<extra></extra>"))
+    return traces
+
+
+def _generation_title(result: "GenerationResult", n_tokens: int) -> str:
+    """The step view's default title: tokens, steps and the acceptance numbers of
+    :func:`specviz.metrics.acceptance.summarize_steps`."""
+    from specviz.metrics.acceptance import summarize_steps
+
+    stats = summarize_steps(result.steps, new_tokens=n_tokens)
+    return (f"{n_tokens} tokens in {len(result.steps)} steps · accepted per step "
+            f"{stats.accepted_per_step:.3f} · tau {stats.tokens_per_step:.3f} · "
+            f"acceptance rate {stats.acceptance_rate:.3f}")
 
 
 def stats_html(result: "GenerationResult", step: int | None = None) -> str:

@@ -37,7 +37,7 @@ import torch
 
 from specviz.decode.records import STOP_REASONS, GenerationResult, StepTrace
 from specviz.sampling import SamplingConfig
-from specviz.study.store import atomic_write_bytes
+from specviz.data.store import atomic_write_bytes
 from specviz.tree.core import DraftTree
 from specviz.tree.side import SideBranch
 from specviz.verify.base import Acceptance

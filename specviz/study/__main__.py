@@ -32,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     where.add_argument("--scheduler", metavar="ADDRESS",
                        help="run them on an existing Dask cluster (e.g. tcp://10.0.0.5:8786)")
     p.add_argument("--dtype", metavar="MODE", help="weight mode of the real models in every notebook that has "
-                   "a dtype parameter: fp32, bf16, fp16, fp32-wx, int8, int4, w8a8, w8a8-token, w4a8-token, or auto "
+                   "a dtype parameter: fp32, bf16, fp16, w8a8-token, w4a8-token, or auto "
                    "(the fastest mode that passes the accuracy bar on this machine; default: the preset's, auto for "
                    "quick, else each notebook's, fp32)")
     p.add_argument("--draft-dtype", metavar="MODE", help="the draft's weight mode in the notebooks that have a "

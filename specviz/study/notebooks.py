@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specviz.study.store import atomic_write_text
+from specviz.data.store import atomic_write_text
 
 __all__ = ["clean_notebook", "export_html", "notebook_title"]
 

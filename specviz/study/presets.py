@@ -55,7 +55,9 @@ class Preset:
         name: the ``--preset`` value.
         description: one line for ``--list`` and the README.
         runs: the notebooks in execution order.
-        report: stem of the notebook exported as ``report.html`` (None: no report).
+        report: stem of the notebook exported as ``report.html`` (None: no report). It
+            must be the last of ``runs``: it reads the tables of every notebook before it,
+            and the runner re-runs it whenever one of those finished after it did.
         dtype: the weight mode of the real models in every notebook with a ``dtype``
             parameter when the command names none (``auto``: the fastest mode that passes
             the accuracy bar on this machine); None keeps each notebook's own (fp32).
@@ -80,6 +82,9 @@ class Preset:
             raise ValueError(f"preset {self.name!r} lists a notebook twice: {names}")
         if self.report is not None and self.report not in {r.stem for r in self.runs}:
             raise ValueError(f"preset {self.name!r}: report notebook {self.report!r} is not among its runs")
+        if self.report is not None and self.runs[-1].stem != self.report:
+            raise ValueError(f"preset {self.name!r}: report notebook {self.report!r} must run last (it reads the "
+                             f"tables of the notebooks before it), not before {self.runs[-1].notebook}")
 
 
 _QUICKSTART = "01_quickstart.ipynb"
@@ -92,7 +97,7 @@ _REPORT = "08_report.ipynb"
 _LOOKAHEAD = "09_lookahead.ipynb"
 _HEADS = "10_draft_heads.ipynb"
 
-#: The default study's notebook runs; ``standard`` replaces its acceptance study (03).
+#: The default study's notebook runs, the report last; ``standard`` replaces its acceptance study (03).
 _QUICK_RUNS = (
     NotebookRun(_QUICKSTART, {"threads": 0}),
     NotebookRun(_TREES),
@@ -106,12 +111,12 @@ _QUICK_RUNS = (
                          "methods": ["chain-k4", "dynamic-k4-d5-n16", "ngram", "switch"],
                          "sequoia_budgets": [8], "cost_sizes": [1, 2, 4, 8, 16, 64], "profile_tokens": 8,
                          "probe_dtypes": [], "threads": 0}),
-    NotebookRun(_REPORT),
     NotebookRun(_LOOKAHEAD, {"prompt_limit": 2, "max_new_tokens": 32, "sweep_windows": [5], "sweep_ngrams": [4],
                              "sweep_guesses": [5], "others": ["ngram"], "cost_sizes": [1, 2, 4, 8, 16, 32]}),
     NotebookRun(_HEADS, {"prompt_limit": 2, "max_new_tokens": 32, "train_prompts": 2, "train_tasks": 8,
                          "train_tokens": 48, "train_steps": 0, "train_minutes": 0.5, "budgets": [4, 16],
                          "others": ["chain-k4", "ngram"]}),
+    NotebookRun(_REPORT),
 )
 
 #: Notebook 03 in ``standard``: every prompt x 128 tokens. References are decoded 63 at a
@@ -124,8 +129,8 @@ _STANDARD_ACCEPTANCE = {"prompt_limit": 0, "max_new_tokens": 128, "budgets": [4,
 #: it; its notebooks use all of torch's threads, as it times nothing worth keeping),
 #: ``quick`` the default study, ``standard`` quick with the acceptance study (03) on every
 #: prompt x 128 tokens (the committed reference results), ``full`` everything at full
-#: size. Notebooks run in the order of their numbers; the report (08) reads the tables of
-#: 01-06.
+#: size. The notebooks run in the order of their numbers except the report (08), which runs
+#: last, after 09 and 10, and reads the tables of all the others.
 PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
     Preset("smoke", "every notebook at its smallest size: checks an installation in a few minutes", (
         NotebookRun(_QUICKSTART, {"max_new_tokens": 8, "tree_branching": [2, 1], "threads": 0}),
@@ -141,20 +146,20 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
                              "cost_sizes": [1, 4], "cost_prefix": 32, "cost_repeats": 1, "plan_budgets": [1, 2, 4],
                              "plan_depths": [1, 2], "probe_dtypes": [],
                              "profiled": ["chain-k2"], "profile_tokens": 4, "threads": 0}),
-        NotebookRun(_REPORT),
         NotebookRun(_LOOKAHEAD, {"max_new_tokens": 8, "sweep_windows": [5], "sweep_ngrams": [4],
                                  "sweep_guesses": [5], "context_pool": False, "others": ["ngram"],
                                  "cost_sizes": [1, 16], "cost_prefix": 32, "cost_repeats": 1, "lab_trials": 200,
                                  "threads": 0}),
         NotebookRun(_HEADS, {"max_new_tokens": 8, "train_prompts": 1, "train_tasks": 2, "train_tokens": 16,
                              "train_steps": 5, "budgets": [4], "others": [], "timed": False, "threads": 0}),
+        NotebookRun(_REPORT),
     ), report="08_report"),
     Preset("quick", "the default study, in auto's weight mode (the speed notebook's draft in w4a8-token beside a "
            "w8a8-token target): 10-12 minutes on a 2-core CPU in w8a8-token once the models are converted (28 in "
            "fp32), plus auto's one-time probe of the machine", _QUICK_RUNS,
            report="08_report", dtype="auto", draft_dtypes=MappingProxyType({"w8a8-token": "w4a8-token"})),
     Preset("standard", "the acceptance study (03) on every prompt x 128 tokens, the rest as in quick, all in "
-           "fp32: about an hour on a 2-core CPU", tuple(
+           "fp32, the exactness reference: the committed reference results (outputs/reference)", tuple(
                NotebookRun(_ACCEPTANCE, _STANDARD_ACCEPTANCE) if r.notebook == _ACCEPTANCE else r
                for r in _QUICK_RUNS), report="08_report"),
     Preset("full", "every prompt and budget, longer generations, more repeats and trials", (
@@ -175,7 +180,6 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
                              "cost_repeats": 3, "profiled": ["specviz-plain", "chain-k2", "chain-k4",
                                                              "dynamic-k4-d5-n16", "ngram", "merged"],
                              "profile_tokens": 64}),
-        NotebookRun(_REPORT),
         NotebookRun(_LOOKAHEAD, {"prompt_limit": 14, "max_new_tokens": 128, "sweep_windows": [3, 5, 7, 10],
                                  "sweep_ngrams": [3, 4, 5], "sweep_guesses": [2, 5, 10], "sweep_prompts": 2,
                                  "others": ["ngram", "ngram-trie", "chain-k4", "dynamic-k4-d5-n16", "jacobi-k5"],
@@ -184,6 +188,7 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
                              "train_tokens": 256, "train_steps": 0, "train_minutes": 30.0, "vocab": 16384, "train_batch": 8,
                              "train_window": 128, "train_precision": "auto", "budgets": [4, 8, 16, 32, 64],
                              "others": ["chain-k4", "ngram", "ngram-trie"]}),
+        NotebookRun(_REPORT),
     ), report="08_report"),
 )})
 

@@ -12,8 +12,8 @@ Everything a run produces lands under its output directory (default
 * ``notebooks/`` - the executed notebooks (papermill fills in the parameters);
 * ``html/`` - each executed notebook as a standalone HTML page (plotly.js inlined, so
   the figures work offline), and ``report.html`` for the preset's report notebook;
-* ``tables/`` - tidy results as CSV and Parquet (:func:`specviz.results.save_table`);
-* ``partial/`` - unit-by-unit progress of long notebooks (:class:`specviz.results.ResultStore`);
+* ``tables/`` - tidy results as CSV and Parquet (:func:`specviz.data.store.save_table`);
+* ``partial/`` - unit-by-unit progress of long notebooks (:class:`specviz.data.store.ResultStore`);
 * ``state/`` - one done-marker per finished notebook, holding a fingerprint of the
   notebook's source and parameters; ``study.json`` - what ran, with which parameters.
 
@@ -32,16 +32,16 @@ few file checks.
 
 Notebooks receive ``out_dir`` (the run directory) and, when they declare them,
 ``prompts_path`` and ``prompt_limit`` from ``--prompts`` and ``--limit``; the rest of
-their parameters come from the preset (:data:`PRESETS`). The kernel is the Jupyter
-``python3`` kernel of the interpreter running the study, so the study always uses the
-environment it was started from.
+their parameters come from the preset (:data:`PRESETS`; resolved by
+:mod:`specviz.study.parameters`). The kernel is the Jupyter ``python3`` kernel of the
+interpreter running the study, so the study always uses the environment it was started
+from. Inside a notebook, :func:`setup_notebook` (:mod:`specviz.study.notebook_setup`) is
+the first code cell.
 """
 
 from __future__ import annotations
 
-import ast
 import contextlib
-import hashlib
 import json
 import sys
 import time
@@ -51,14 +51,15 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from specviz.locations import NOTEBOOKS_DIR, OUTPUTS_DIR
 from specviz.study.cluster import UnitProgress
+from specviz.study.notebook_setup import setup_notebook
 from specviz.study.notebooks import clean_notebook, export_html
+from specviz.study.parameters import (check_limit, check_prompts, declared_parameters, default_value,
+                                      notebook_fingerprint, notebook_parameters, weight_mode_name)
 from specviz.study.presets import NotebookRun, Preset, StudyConfigError, get_preset
-from specviz.study.store import atomic_write_text
+from specviz.data.store import atomic_write_text
 from specviz.validate import check_int
 
 if TYPE_CHECKING:
-    import torch
-
     from specviz.study.cluster import StudyCluster
 
 __all__ = [
@@ -109,91 +110,7 @@ class StudyResult:
     report: Path | None
 
 
-# -- parameters ----------------------------------------------------------------------------
-
-def declared_parameters(notebook: str | Path) -> dict[str, dict[str, Any]]:
-    """The parameters a notebook's ``parameters`` cell declares: name -> papermill's
-    description (``inferred_type_name``, ``default``, ``help``)."""
-    import papermill
-
-    return {name: dict(info) for name, info in papermill.inspect_notebook(str(notebook)).items()}
-
-
-def default_value(info: Mapping[str, Any]) -> Any:
-    """The value of a declared parameter's default (an entry of :func:`declared_parameters`),
-    or None when the default is not a Python literal."""
-    try:
-        return ast.literal_eval(str(info.get("default")))
-    except (ValueError, SyntaxError):
-        return None
-
-
-def _check_prompts(prompts: str | Path | None) -> Path | None:
-    if prompts is None:
-        return None
-    from specviz.study.prompts import PromptFileError, load_prompts
-
-    path = Path(prompts).expanduser().resolve()
-    if not path.is_file():
-        raise StudyConfigError(f"prompts file not found: {path} (pass a Spec-Bench-format .jsonl file)")
-    try:
-        load_prompts(path)
-    except PromptFileError as err:
-        raise StudyConfigError(f"cannot use the prompts file: {err}") from None
-    return path
-
-
-def _check_limit(limit: int | None) -> int | None:
-    if limit is None:
-        return None
-    return check_int("limit", limit, error=StudyConfigError, note="(prompts per run)")
-
-
-def notebook_parameters(run: NotebookRun, declared: Mapping[str, Any], out_dir: Path, *,
-                        prompts: Path | None = None, limit: int | None = None,
-                        dtype: str | None = None, draft_dtype: str | None = None) -> dict[str, Any]:
-    """The papermill parameters for ``run``: the preset's, plus ``out_dir`` and (for
-    notebooks that declare them) ``prompts_path``, ``prompt_limit``, ``dtype`` (the
-    weight mode of the real models) and ``draft_dtype`` (the draft's, where it differs).
-
-    Raises:
-        StudyConfigError: if the preset sets a parameter the notebook does not declare.
-    """
-    unknown = sorted(set(run.parameters) - set(declared))
-    if unknown:
-        raise StudyConfigError(
-            f"{run.notebook} has no parameter(s) {unknown}; it declares {sorted(declared)}"
-        )
-    params = dict(run.parameters)
-    if "out_dir" in declared:
-        params["out_dir"] = str(out_dir)
-    if prompts is not None and "prompts_path" in declared:
-        params["prompts_path"] = str(prompts)
-    if limit is not None and "prompt_limit" in declared:
-        params["prompt_limit"] = limit
-    if dtype is not None and "dtype" in declared:
-        params["dtype"] = dtype
-    if draft_dtype is not None and "draft_dtype" in declared:
-        params["draft_dtype"] = draft_dtype
-    return params
-
-
-def _fingerprint(notebook: Path, params: Mapping[str, Any], prompts: Path | None) -> str:
-    """Hash of what decides a notebook's results: its cells' source, its parameters
-    (not where it writes) and the contents of the prompt file it reads."""
-    import nbformat
-
-    nb = nbformat.read(notebook, as_version=4)
-    h = hashlib.sha256()
-    for cell in nb.cells:
-        h.update(cell.cell_type.encode())
-        h.update(b"\0" + cell.source.encode() + b"\0")
-    payload = {k: v for k, v in params.items() if k not in ("out_dir", "scheduler")}
-    h.update(json.dumps(payload, sort_keys=True, default=str).encode())
-    if prompts is not None and "prompts_path" in params:
-        h.update(hashlib.sha256(prompts.read_bytes()).digest())
-    return h.hexdigest()
-
+# -- running one notebook ------------------------------------------------------------------
 
 def _check_kernel() -> None:
     """Make sure papermill's ``python3`` kernel is this interpreter."""
@@ -225,6 +142,11 @@ _KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=CRITICAL"]
 
 
 def _execute(src: Path, dest: Path, params: Mapping[str, Any], progress: bool) -> None:
+    """Execute notebook ``src`` with papermill into ``dest``, with ``params``.
+
+    Raises:
+        NotebookFailedError: a cell raised (names the cell and the executed copy).
+    """
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
@@ -243,6 +165,12 @@ def _execute(src: Path, dest: Path, params: Mapping[str, Any], progress: bool) -
 # -- the run -------------------------------------------------------------------------------
 
 def _select(runs: Sequence[NotebookRun], only: Sequence[str] | None) -> list[NotebookRun]:
+    """The ``runs`` that ``only`` names by number or stem, in the preset's order (all of them
+    without ``only``).
+
+    Raises:
+        StudyConfigError: a name that matches no notebook.
+    """
     if not only:
         return list(runs)
     chosen = []
@@ -278,6 +206,7 @@ class _Plan:
 
 
 def _read_marker(path: Path) -> dict[str, Any] | None:
+    """The done-marker at ``path``, None when it is missing or unreadable."""
     try:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
@@ -306,8 +235,8 @@ def _builtin_models_needed(plans: Sequence[_Plan], remote: bool = False) -> list
     left to the notebook, which resolves or rejects it itself. With a ``remote`` Dask
     scheduler, notebooks that run their units there (they declare ``scheduler``) load
     nothing here."""
-    from specviz.models.loading import DEFAULT_DRAFT, DEFAULT_TARGET
-    from specviz.models.weights import WEIGHT_MODES
+    from specviz.models.builtin import DEFAULT_DRAFT, DEFAULT_TARGET
+    from specviz.quant.weights import WEIGHT_MODES
 
     needed: list[tuple[str, str]] = []
 
@@ -334,7 +263,7 @@ def _builtin_models_needed(plans: Sequence[_Plan], remote: bool = False) -> list
 def _prepare_models(plans: Sequence[_Plan], log: Callable[[str], None], remote: bool = False) -> None:
     """Build the cache entries of the built-in models the plans load and that are not
     cached yet, with the loader's progress on stderr; nothing is loaded when all are cached."""
-    from specviz.models.loading import builtin_cached, prepare_builtin
+    from specviz.models.builtin import builtin_cached, prepare_builtin
 
     missing = [(m, mode) for m, mode in _builtin_models_needed(plans, remote) if not builtin_cached(m, mode)]
     if not missing:
@@ -349,20 +278,6 @@ def _prepare_models(plans: Sequence[_Plan], log: Callable[[str], None], remote: 
         except (FileNotFoundError, ValueError) as err:
             raise StudyConfigError(f"cannot prepare the built-in model {model}: {err}") from None
     log(f"[study] built-in models ready in {time.perf_counter() - start:.0f} s")
-
-
-def _weight_mode(name: str, value: str) -> str:
-    """The canonical name of weight mode ``value``, given as ``name``.
-
-    Raises:
-        StudyConfigError: an unknown mode, named with ``name``.
-    """
-    from specviz.models.weights import parse_weight_mode
-
-    try:
-        return parse_weight_mode(value).name
-    except ValueError as exc:
-        raise StudyConfigError(f"{name}: {exc}") from None
 
 
 def run_study(preset: str | Preset = "quick", *, out_dir: str | Path | None = None,
@@ -384,10 +299,10 @@ def run_study(preset: str | Preset = "quick", *, out_dir: str | Path | None = No
             processes (:class:`~specviz.study.cluster.StudyCluster`).
         scheduler: run them on the existing Dask cluster at this address instead.
             Without either, every unit runs in its notebook's process.
-        dtype: weight mode of the real models (``fp32``, ``bf16``, ``int8``, ``w8a8``, ...)
+        dtype: weight mode of the real models (``fp32``, ``bf16``, ``w8a8-token``, ...)
             for every notebook that has a ``dtype`` parameter; default: the preset's
             (:attr:`Preset.dtype`; ``quick``: ``auto``), else each notebook's own. ``auto``
-            is resolved once, before the first notebook (:mod:`specviz.models.auto`).
+            is resolved once, before the first notebook (:mod:`specviz.bench.auto`).
         draft_dtype: the draft's weight mode (e.g. ``w4a8-token``) for every notebook that
             has a ``draft_dtype`` parameter (the speed notebook, 06); default: the preset's
             for the target's mode (:attr:`Preset.draft_dtypes`), else the target's mode.
@@ -403,22 +318,12 @@ def run_study(preset: str | Preset = "quick", *, out_dir: str | Path | None = No
         NotebookFailedError: when a notebook raises (earlier notebooks stay finished).
     """
     log = log or log_line
-    if workers is not None and scheduler:
-        raise StudyConfigError("give --workers (start a local cluster) or --scheduler (use one), not both")
-    if workers is not None:
-        check_int("workers", workers, error=StudyConfigError)
+    _check_workers(workers, scheduler)
     spec = get_preset(preset)
-    if dtype is None:
-        dtype = spec.dtype
-    from specviz.models.auto import is_auto
-
-    if dtype is not None and not is_auto(dtype):
-        dtype = _weight_mode("dtype", dtype)
-    if draft_dtype is not None:
-        draft_dtype = _weight_mode("draft_dtype", draft_dtype)
+    dtype, draft_dtype = _named_modes(spec, dtype, draft_dtype)
     runs = _select(spec.runs, only)
-    prompts_path = _check_prompts(prompts)
-    limit = _check_limit(limit)
+    prompts_path = check_prompts(prompts)
+    limit = check_limit(limit)
     out = (Path(out_dir) if out_dir is not None else OUTPUTS_DIR / spec.name).expanduser().resolve()
     for run in runs:
         if not (NOTEBOOKS_DIR / run.notebook).is_file():
@@ -430,35 +335,96 @@ def run_study(preset: str | Preset = "quick", *, out_dir: str | Path | None = No
             from specviz.study.cluster import StudyCluster
 
             cluster = stack.enter_context(StudyCluster(workers=workers, scheduler=scheduler, log=log))
-        if is_auto(dtype):  # one choice for the whole study, from the built-in target's probe (after every cheap check)
-            from specviz.models.auto import resolve_auto
-            from specviz.models.loading import DEFAULT_TARGET
-
-            try:
-                dtype = resolve_auto(DEFAULT_TARGET, log=log)
-            except ValueError as exc:
-                raise StudyConfigError(f"dtype: {exc}") from None
-        if draft_dtype is None and dtype in spec.draft_dtypes:
-            draft_dtype = _weight_mode(f"preset {spec.name!r}'s draft_dtypes", spec.draft_dtypes[dtype])
-            log(f"[study] the draft runs in {draft_dtype} beside the {dtype} target (--draft-dtype {dtype} keeps "
-                "it in the target's mode)")
-        plans = []
-        for run in runs:
-            src = NOTEBOOKS_DIR / run.notebook
-            if not src.is_file():
-                raise StudyConfigError(f"notebook {src} does not exist")
-            declared = declared_parameters(src)
-            params = notebook_parameters(run, declared, out, prompts=prompts_path, limit=limit, dtype=dtype,
-                                         draft_dtype=draft_dtype)
-            plans.append(_Plan(run, src, params, _fingerprint(src, params, prompts_path), declared))
-        if (prompts_path is not None or limit is not None) and not any(
-                "prompts_path" in p.parameters or "prompt_limit" in p.parameters for p in plans):
-            log("[study] note: no selected notebook reads prompts, so --prompts/--limit change nothing")
-
+        dtype, draft_dtype = _chosen_modes(spec, dtype, draft_dtype, log)
+        plans = _plan(runs, out, prompts_path, limit, dtype, draft_dtype, log)
         out.mkdir(parents=True, exist_ok=True)
         log(f"[study] preset {spec.name!r}: {len(plans)} notebook(s) -> {out}")
         _prepare_models([p for p in plans if force or not _finished(p, out, None)], log, remote=bool(scheduler))
         outcomes = _run_plans(plans, spec, out, force=force, progress=progress, cluster=cluster, log=log)
+    return _finish_study(spec, out, outcomes, plans, log)
+
+
+def _check_workers(workers: int | None, scheduler: str | None) -> None:
+    """Check ``run_study``'s ``workers`` and ``scheduler``: at most one of them, a positive count.
+
+    Raises:
+        StudyConfigError: both given, or a bad count.
+    """
+    if workers is not None and scheduler:
+        raise StudyConfigError("give --workers (start a local cluster) or --scheduler (use one), not both")
+    if workers is not None:
+        check_int("workers", workers, error=StudyConfigError)
+
+
+def _named_modes(spec: Preset, dtype: str | None, draft_dtype: str | None) -> tuple[str | None, str | None]:
+    """The run's weight modes by their canonical names: ``dtype`` (default: the preset's;
+    ``auto`` is kept, to be resolved later) and ``draft_dtype``.
+
+    Raises:
+        StudyConfigError: an unknown mode.
+    """
+    if dtype is None:
+        dtype = spec.dtype
+    from specviz.bench.auto import is_auto
+
+    if dtype is not None and not is_auto(dtype):
+        dtype = weight_mode_name("dtype", dtype)
+    if draft_dtype is not None:
+        draft_dtype = weight_mode_name("draft_dtype", draft_dtype)
+    return dtype, draft_dtype
+
+
+def _chosen_modes(spec: Preset, dtype: str | None, draft_dtype: str | None,
+                  log: Callable[[str], None]) -> tuple[str | None, str | None]:
+    """The weight modes the notebooks get: ``auto`` resolved once for the whole study, from
+    the built-in target's probe (:mod:`specviz.bench.auto`), and the draft's mode from the
+    preset's :attr:`Preset.draft_dtypes` where the run names none.
+
+    Raises:
+        StudyConfigError: ``auto`` finds no mode, or the preset names an unknown draft mode.
+    """
+    from specviz.bench.auto import is_auto
+
+    if is_auto(dtype):  # one choice for the whole study, from the built-in target's probe (after every cheap check)
+        from specviz.bench.auto import resolve_auto
+        from specviz.models.builtin import DEFAULT_TARGET
+
+        try:
+            dtype = resolve_auto(DEFAULT_TARGET, log=log)
+        except ValueError as exc:
+            raise StudyConfigError(f"dtype: {exc}") from None
+    if draft_dtype is None and dtype in spec.draft_dtypes:
+        draft_dtype = weight_mode_name(f"preset {spec.name!r}'s draft_dtypes", spec.draft_dtypes[dtype])
+        log(f"[study] the draft runs in {draft_dtype} beside the {dtype} target (--draft-dtype {dtype} keeps "
+            "it in the target's mode)")
+    return dtype, draft_dtype
+
+
+def _plan(runs: Sequence[NotebookRun], out: Path, prompts_path: Path | None, limit: int | None,
+          dtype: str | None, draft_dtype: str | None, log: Callable[[str], None]) -> list[_Plan]:
+    """Resolve every selected notebook: its parameters for this run and their fingerprint.
+
+    Raises:
+        StudyConfigError: a notebook that does not exist, or a preset parameter it does not declare.
+    """
+    plans = []
+    for run in runs:
+        src = NOTEBOOKS_DIR / run.notebook
+        if not src.is_file():
+            raise StudyConfigError(f"notebook {src} does not exist")
+        declared = declared_parameters(src)
+        params = notebook_parameters(run, declared, out, prompts=prompts_path, limit=limit, dtype=dtype,
+                                     draft_dtype=draft_dtype)
+        plans.append(_Plan(run, src, params, notebook_fingerprint(src, params, prompts_path), declared))
+    if (prompts_path is not None or limit is not None) and not any(
+            "prompts_path" in p.parameters or "prompt_limit" in p.parameters for p in plans):
+        log("[study] note: no selected notebook reads prompts, so --prompts/--limit change nothing")
+    return plans
+
+
+def _finish_study(spec: Preset, out: Path, outcomes: Sequence[NotebookOutcome], plans: Sequence[_Plan],
+                  log: Callable[[str], None]) -> StudyResult:
+    """After the last notebook: export the report, write the manifest and say what ran."""
     manifest_path = out / "study.json"
 
     report = None
@@ -540,6 +506,7 @@ def _report_inputs(out: Path, spec: Preset) -> list[list[str]] | None:
 
 
 def _write_manifest(path: Path, spec: Preset, outcomes: Sequence[NotebookOutcome], plans: Sequence[_Plan]) -> None:
+    """Write ``study.json``: the preset, and every planned notebook's parameters and status."""
     status = {o.notebook: o for o in outcomes}
     atomic_write_text(path, json.dumps({
         "preset": spec.name,
@@ -583,43 +550,6 @@ def refresh_committed(only: Sequence[str] | None = None, *, progress: bool = Tru
 
 
 def log_line(message: str) -> None:
-    # Flushed, so progress lines and papermill's progress bar (stderr) interleave in order.
+    """Print a progress line, flushed, so that it and papermill's progress bar (stderr)
+    interleave in order."""
     print(message, flush=True)
-
-
-# -- inside a notebook ---------------------------------------------------------------------
-
-def setup_notebook(seed: int, *, threads: int | None = None) -> torch.Generator:
-    """The first code cell of every study notebook: seed, presentation defaults, threads.
-
-    Seeds torch's global generator (for library code that falls back on it), prints
-    floats with 3 decimals (pandas and torch), sends plotly figures as plotly's own
-    MIME type (JupyterLab draws them; :func:`export_html` turns them into offline
-    HTML), turns off transformers' progress bars (a model load would otherwise leave a
-    widget whose text changes every run) and optionally fixes the number of CPU
-    threads torch uses.
-
-    Args:
-        seed: the notebook's seed.
-        threads: torch intra-op threads; None leaves torch's choice.
-
-    Returns:
-        A CPU ``torch.Generator`` seeded with ``seed``, for the notebook's own sampling.
-    """
-    import pandas as pd
-    import plotly.io as pio
-    import torch
-    from transformers.utils import logging as transformers_logging
-
-    from specviz.sampling import make_generator
-
-    if threads is not None:
-        torch.set_num_threads(check_int("threads", threads, note="or None"))
-    torch.manual_seed(seed)
-    torch.set_printoptions(precision=3, sci_mode=False)
-    pd.set_option("display.precision", 3)
-    pd.set_option("display.width", 120)
-    pd.set_option("display.max_columns", 30)
-    pio.renderers.default = "plotly_mimetype"
-    transformers_logging.disable_progress_bar()
-    return make_generator(seed)

@@ -1,5 +1,5 @@
 """The study notebooks' units of work (:class:`~specviz.study.work.Unit`), each kept in a
-:class:`~specviz.study.store.ResultStore` and run by :class:`~specviz.study.work.Work` in
+:class:`~specviz.data.store.ResultStore` and run by :class:`~specviz.study.work.Work` in
 the notebook's process or on a Dask cluster.
 
 Every unit names its models by :class:`~specviz.study.work.ModelSpec` and carries the
@@ -36,8 +36,8 @@ import torch
 
 from specviz.decode.records import GenerationResult
 from specviz.sampling import GREEDY, SamplingConfig
-from specviz.study.prompts import Prompt
-from specviz.study.store import ResultStore
+from specviz.data.prompts import Prompt
+from specviz.data.store import ResultStore
 from specviz.draft.base import Drafter
 from specviz.study.work import ModelSpec, Unit, draft_source, models_for
 from specviz.tree.budgets import shape_key
@@ -464,7 +464,7 @@ def _timed_row(models: ModelSpec, prompt: Prompt, method: str, make: Callable | 
                position: int) -> dict[str, Any]:
     from specviz.bench.cost import timed_run
     from specviz.decode.engine import encode_prompt
-    from specviz.study.work import machine_label
+    from specviz.data.machine import machine_label
 
     loaded = models_for(models)
     ids = encode_prompt(loaded.target.tokenizer, prompt.text)
@@ -545,7 +545,7 @@ def _cost_rows(models: ModelSpec, role: str, sizes: Sequence[int], prefix_len: i
 
     from specviz.bench.cost import forward_cost_curve
     from specviz.models.loading import load_model
-    from specviz.study.work import machine_label
+    from specviz.data.machine import machine_label
 
     own = models.dtype if role == "target" else models.draft_mode
     if dtype is None or dtype == own:

@@ -2,7 +2,7 @@
 
 A study notebook describes its model work as :class:`Unit` objects (an id and a
 module-level function with its arguments) and hands them to :meth:`Work.run` with the
-:class:`~specviz.study.store.ResultStore` they belong in. Units already in the store are
+:class:`~specviz.data.store.ResultStore` they belong in. Units already in the store are
 skipped; the others run
 
 * in this process, one after the other, when the notebook has no scheduler address
@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
-import socket
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -38,12 +36,14 @@ import pandas as pd
 import torch
 
 from specviz.models.fused import DEFAULT_DRAFT_LAYERS, DRAFT_LAYERS
-from specviz.models.loading import DEFAULT_DRAFT, DEFAULT_TARGET, LoadedModel, ModelPair
+from specviz.models.builtin import DEFAULT_DRAFT, DEFAULT_TARGET
+from specviz.models.types import LoadedModel, ModelPair
 from specviz.study.cluster import PROGRESS_FILE
-from specviz.study.store import ResultStore, atomic_write_text
+from specviz.data.machine import machine_label
+from specviz.data.store import ResultStore, atomic_write_text
 from specviz.validate import check_choice
 
-__all__ = ["ModelSpec", "Unit", "Work", "models_for", "draft_source", "cpu_label", "machine_label", "scaling_estimate",
+__all__ = ["ModelSpec", "Unit", "Work", "models_for", "draft_source", "scaling_estimate",
            "UNIT_TIMES"]
 
 #: name of the store that keeps every unit's compute time
@@ -100,7 +100,8 @@ class ModelSpec:
 
     def load(self) -> ModelPair:
         """Load the pair (uncached; :func:`models_for` caches)."""
-        from specviz.models.loading import load_pair, tiny_pair
+        from specviz.models.loading import load_pair
+        from specviz.models.tiny import tiny_pair
 
         if self.kind == "tiny":
             return tiny_pair(seed=self.seed, dtype=self.dtype, draft_dtype=self.draft_dtype,
@@ -149,23 +150,6 @@ def draft_source(spec: ModelSpec, source: str) -> LoadedModel:
             derived[source] = self_speculative_model(pair.target, int(source[6:]))
         return derived[source]
     raise ValueError(f"unknown draft source {source!r}; use 'draft' or 'self-L<layers>'")
-
-
-def cpu_label() -> str:
-    """``<CPU model>, <n> cores``: the processor a timing ran on (host name left out)."""
-    cpu = platform.processor() or platform.machine()
-    if platform.system() == "Linux":
-        try:
-            with open("/proc/cpuinfo") as fh:
-                cpu = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), cpu)
-        except OSError:
-            pass
-    return f"{cpu}, {os.cpu_count()} cores"
-
-
-def machine_label() -> str:
-    """``<host name> (<CPU model>, <n> cores)``: which machine measured a timing."""
-    return f"{socket.gethostname()} ({cpu_label()})"
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ and "how long is the accepted path on average?" exactly
 
 * :func:`toy_pair` - a target and a draft correlated with it (the draft is a noisy,
   flattened copy), plus a :class:`ToyTokenizer` so trees are drawn with words;
-* :func:`draft_tree` - fill a :class:`~specviz.shapes.TreeShape` with draft tokens,
+* :func:`draft_tree` - fill a :class:`~specviz.tree.shapes.TreeShape` with draft tokens,
   drawing siblings the way a verifier requires (``sibling_sampling``);
 * :func:`check_rule` - verify ``trials`` freshly drafted trees and compare the first
   emitted token's frequencies with the target distribution (chi-square test), next to
