@@ -115,10 +115,9 @@ def _e2e_parser() -> argparse.ArgumentParser:
                    help="builtin: --target and --draft (default); tiny: specviz's tiny random pair (tests)")
     p.add_argument("--target", default=None, help="target model (default: the built-in 1.5B)")
     p.add_argument("--draft", default=None, help="draft model (default: the built-in 0.5B)")
-    p.add_argument("--dtype", default="auto",
-                   help="weight mode of both models: fp32, bf16, fp16, w8a8-token, w4a8-token, or auto (default: "
-                        "the fastest mode that passes the accuracy bar on this machine, probed once and cached; "
-                        "fp32 for the tiny models)")
+    p.add_argument("--dtype", default="bf16",
+                   help="weight mode of both models: fp32, bf16 (default), fp16, w8a8-token, w4a8-token, or auto "
+                        "(the fastest mode that passes the accuracy bar on this machine, probed once and cached)")
     p.add_argument("--draft-dtype", default=None,
                    help="weight mode of the draft model alone (default: --dtype), e.g. w4a8-token: a draft's "
                         "accuracy costs acceptance, never exactness; plain decoding and the peers keep --dtype")
@@ -742,7 +741,7 @@ def _profile_parser() -> argparse.ArgumentParser:
                    help="builtin: --target and --draft (default); tiny: specviz's tiny random pair (tests)")
     p.add_argument("--target", default=None, help="target model (default: the built-in 1.5B)")
     p.add_argument("--draft", default=None, help="draft model (default: the built-in 0.5B)")
-    p.add_argument("--dtype", default="auto", help="weight mode of both models, as for the benchmark (default auto)")
+    p.add_argument("--dtype", default="bf16", help="weight mode of both models, as for the benchmark (default bf16)")
     p.add_argument("--draft-dtype", default=None, help="weight mode of the draft alone (default: --dtype)")
     p.add_argument("--draft-layers", choices=DRAFT_LAYERS, default=DEFAULT_DRAFT_LAYERS,
                    help="how a w4a8-token draft runs its decoder layers (default: %(default)s)")

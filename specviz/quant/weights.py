@@ -27,12 +27,12 @@ refused by name with the reason: a mode stays only where a committed result show
 winning, it is the exactness reference, or a notebook teaches with it.
 
 Every entry point names the mode ``dtype`` (``--dtype`` on the command lines; the draft's own
-``draft_dtype`` / ``--draft-dtype``), parses it with :func:`parse_weight_mode`, and follows
-one default rule: a command that measures speed (``specviz.bench``, its ``profile``, the
-study's quick preset) defaults to ``auto``, the fastest mode that passes the accuracy bar on
-the machine (:func:`specviz.bench.auto.resolve_auto`); one that writes data other runs build
-on or compare against (trained heads, draft vocabularies, the explorer's recordings, the
-exactness checks, the library's tiny models) defaults to ``fp32``, the reference.
+``draft_dtype`` / ``--draft-dtype``) and parses it with :func:`parse_weight_mode`. ``auto``,
+the fastest mode that passes the accuracy bar on the machine, is resolved by
+:func:`specviz.bench.auto.resolve_auto` (the study's quick preset and ``--dtype auto``). The
+library, and every command that writes data other runs build on or compare against (trained
+heads, draft vocabularies, the explorer's recordings, the exactness checks), default to
+``fp32``, the reference; the benchmark defaults to ``bf16``.
 
 :func:`quantize_model` replaces every ``nn.Linear`` of a transformers model (attention and
 MLP projections and the LM head) in place. A tied LM head gets its own converted copy; the
