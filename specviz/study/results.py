@@ -209,7 +209,7 @@ def headline(reference_dir: Path = REFERENCE_DIR) -> str:
     best = mean[[_is_strategy(m) for m in mean.index]].sort_values(ascending=False).index[:spec["best"]]
     files = " and ".join(f"`{n}`" for n in bench["runs"])
     lines = [BEGIN, GENERATED, "", f"**Measured on {manifest['machines'][bench['machine']]}**, {setup}, the built-in "
-             f"pair ({files}; " + ("each cell run 1 / run 2 where they differ" if len(runs) > 1 else "one run")
+             f"pair ({files}; " + ("each cell gives the first / the second run where they differ" if len(runs) > 1 else "one run")
              + "):", "",
              "| method | what it is | tokens/s | speedup | tau |", "|---|---|---|---|---|"]
     for m in ["plain", "specviz-plain", *best, "hf-assisted"]:
