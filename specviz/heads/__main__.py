@@ -167,7 +167,7 @@ def _train(args) -> int:
 
 
 def _info(args) -> int:
-    from specviz.heads.training import read_result_meta
+    from specviz.models.saved_heads import read_result_meta
 
     path, meta = read_result_meta(args.dir)
     print(f"path: {path}")
