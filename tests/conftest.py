@@ -30,9 +30,10 @@ def tiny_pair_fixture() -> ModelPair:
     return make_tiny_pair()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def real_pair_fp32() -> ModelPair:
-    """The built-in Qwen2.5-Coder 1.5B (target) / 0.5B (draft) pair in fp32.
+    """The built-in Qwen2.5-Coder 1.5B (target) / 0.5B (draft) pair in fp32 (about 8 GB), for
+    one test module at a time: the notebooks' kernels that nbval starts later need the memory.
 
     Skipped when the model data packages are not installed, except under ``CI=true``,
     where a missing model is a failure.

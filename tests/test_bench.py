@@ -47,7 +47,7 @@ def _last_line(capsys) -> str:
 
 def test_parse_method_grammar():
     assert bench.parse_method("tree-2x2x1").params == (("branching", (2, 2, 1)),)
-    assert bench.parse_method("dynamic-k2-d3-n6").params == (("topk", 2), ("depth", 3), ("budget", 6))
+    assert bench.parse_method("dynamic-w2-d3-b6").params == (("topk", 2), ("depth", 3), ("budget", 6))
     assert bench.parse_method("ngram-trie").family == "ngram-trie"
     assert bench.parse_method("ngram").family == "ngram"
     assert bench.parse_method("hf-prompt-lookup-k4").param("k") == 4
@@ -274,10 +274,10 @@ def test_heads_option_picks_the_heads_the_head_methods_use(prompts_file, tmp_pat
                          out_dir=tmp_path / "medusa", features=tmp_path / "f", progress=False,
                          config=HeadConfig(n_heads=2, window=16, batch_size=2))
     out = tmp_path / "heads.csv"
-    assert cli.main(_argv(prompts_file, out, "--heads", str(result.path), methods=("medusa-2x1", "medusa-n3"))) == 0
+    assert cli.main(_argv(prompts_file, out, "--heads", str(result.path), methods=("medusa-2x1", "medusa-b3"))) == 0
     assert f"medusa heads: {result.path.resolve()}" in capsys.readouterr().out
     rows = bench.load_results(out)
-    assert set(rows["method"]) == {"plain", "medusa-2x1", "medusa-n3"} and rows["matches_plain"].all()
+    assert set(rows["method"]) == {"plain", "medusa-2x1", "medusa-b3"} and rows["matches_plain"].all()
     assert HEADS_ENV not in os.environ  # the option does not outlive the run
     head_rows = rows[rows["method"] != "plain"]
     assert head_rows["drafter"].str.endswith(f" heads={result.path.name}").all()

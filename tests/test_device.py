@@ -88,7 +88,7 @@ def test_a_file_missing_other_columns_is_still_refused(tmp_path):
 
 # -- on a CUDA GPU ---------------------------------------------------------------------------------
 
-STRATEGIES = ("chain-k3", "tree-2x2x2", "dynamic-k2-d3-n8", "ngram-n2-k4", "lookahead-w3-n3-g3", "adaptive-heuristic",
+STRATEGIES = ("chain-k3", "tree-2x2x2", "dynamic-w2-d3-b8", "ngram-n2-k4", "lookahead-w3-n3-g3", "adaptive-heuristic",
               "self-spec-L1-k3", "jacobi-k3")
 
 

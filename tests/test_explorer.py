@@ -69,7 +69,7 @@ def test_settings_validate():
 def test_canonical_settings_share_cache_entries():
     assert _settings(strategy="chain", width=3, budget=9).canonical() == \
         _settings(strategy="chain", width=5, budget=40).canonical()
-    assert _settings(strategy="static shape", width=2, depth=2, budget=50).canonical().budget == 6
+    assert _settings(strategy="tree", width=2, depth=2, budget=50).canonical().budget == 6
     dynamic = _settings(strategy="dynamic", budget=5)
     assert dynamic.canonical() != replace(dynamic, budget=6).canonical()
 
@@ -78,29 +78,29 @@ def test_build_drafter_and_verifier(tiny_pair, tiny_heads, monkeypatch):
     from specviz.heads import HEADS_ENV, EagleDrafter, MedusaDrafter
 
     monkeypatch.setenv(HEADS_ENV, tiny_heads)
-    kinds = {"chain": ChainDrafter, "static shape": TreeDrafter, "dynamic": DynamicTreeDrafter,
-             "n-gram": NgramTrieDrafter, "adaptive n-gram": AdaptiveNgramDrafter, "lookahead": LookaheadDrafter,
-             "cascade": FallbackDrafter, "switch": SwitchDrafter, "medusa": MedusaDrafter, "eagle": EagleDrafter,
-             "eagle + lookup": MergedDrafter}
+    kinds = {"chain": ChainDrafter, "tree": TreeDrafter, "dynamic": DynamicTreeDrafter,
+             "ngram-trie": NgramTrieDrafter, "ngram-adaptive": AdaptiveNgramDrafter, "lookahead": LookaheadDrafter,
+             "fallback": FallbackDrafter, "switch": SwitchDrafter, "medusa": MedusaDrafter, "eagle": EagleDrafter,
+             "merged": MergedDrafter}
     for strategy in STRATEGIES:
         assert isinstance(build_drafter(_settings(strategy=strategy), tiny_pair), kinds[strategy])
     names = {strategy: strategy_spec(_settings(strategy=strategy, width=3, depth=2, budget=5)).name
              for strategy in STRATEGIES}
-    assert names == {"chain": "chain-k2", "static shape": "tree-k3-d2-n5", "dynamic": "dynamic-k3-d2-n5",
-                     "n-gram": "ngram-trie-n3-d2-b5-m3", "adaptive n-gram": "ngram-adaptive-n3-k2",
-                     "lookahead": "lookahead-w3-n3-g5", "cascade": "fallback-ngram-n3-k2-min3+chain-k2",
+    assert names == {"chain": "chain-k2", "tree": "tree-w3-d2-b5", "dynamic": "dynamic-w3-d2-b5",
+                     "ngram-trie": "ngram-trie-n3-d2-b5-m3", "ngram-adaptive": "ngram-adaptive-n3-k2",
+                     "lookahead": "lookahead-w3-n3-g5", "fallback": "fallback-ngram-n3-k2-min3+chain-k2",
                      "switch": "switch-ngram-adaptive-n3-k2+chain-k2",
-                     "medusa": "medusa-k3-d2-n5", "eagle": "eagle-k3-d2-n5",
-                     "eagle + lookup": "merged-b5-ngram-n3-k2+eagle-k3-d2-n5"}
+                     "medusa": "medusa-w3-d2-b5", "eagle": "eagle-w3-d2-b5",
+                     "merged": "merged-b5-ngram-n3-k2+eagle-w3-d2-b5"}
     # budgets above what the tree can hold share one cache entry, as for the model-drafted trees
     assert _settings(strategy="medusa", width=2, depth=2, budget=50).canonical().budget == 6
     assert _settings(strategy="eagle", width=2, depth=2, budget=50).canonical().budget == 6
     # eagle + lookup: the lookup chain's depth nodes on top of the head's tree
-    merged = _settings(strategy="eagle + lookup", width=2, depth=2, budget=50)
+    merged = _settings(strategy="merged", width=2, depth=2, budget=50)
     assert merged.canonical().budget == 8 and replace(merged, budget=7).canonical().budget == 7
     assert build_drafter(merged.canonical(), tiny_pair).budget == 8
     # the adaptive n-gram chain ignores the budget, not the match length
-    lookup = _settings(strategy="adaptive n-gram", width=2, depth=4, budget=50)
+    lookup = _settings(strategy="ngram-adaptive", width=2, depth=4, budget=50)
     assert lookup.canonical() == replace(lookup, budget=9).canonical() != replace(lookup, width=3).canonical()
     assert "budget" not in lookup.describe() and "max length 4" in lookup.describe()
     assert verifier_for(_settings()) == "greedy"
@@ -110,7 +110,7 @@ def test_build_drafter_and_verifier(tiny_pair, tiny_heads, monkeypatch):
 
 def test_run_settings_reports_steps(tiny_pair):
     seen = []
-    settings = _settings(strategy="static shape", depth=2, budget=4)
+    settings = _settings(strategy="tree", depth=2, budget=4)
     result = run_settings(settings, tiny_pair, on_step=seen.append)
     assert len(seen) == len(result.steps) > 0
     assert all(s.tree.budget <= 4 for s in result.steps)
@@ -167,7 +167,7 @@ def test_explorer_draws_the_heads_and_says_when_there_are_none(tiny_pair, tiny_h
     assert "accepted per step" in ex.stats.value and _points(ex.tree_out) > 0
     ex.strategy.value = "eagle"
     assert ex.computations == 2 and ex.results[ex.settings().canonical()].output_ids == plain.output_ids
-    ex.strategy.value = "eagle + lookup"  # lookup's chain and the head's tree in the budget of 4
+    ex.strategy.value = "merged"  # lookup's chain and the head's tree in the budget of 4
     merged = ex.results[ex.settings().canonical()]
     assert ex.computations == 3 and merged.output_ids == plain.output_ids
     assert merged.drafter.startswith("merged") and all(s.tree.budget <= 4 for s in merged.steps)
@@ -219,7 +219,7 @@ from specviz.render.traces import TRACE_VERSION, TraceFileError, read_traces  # 
 RECORDED = (
     _settings(strategy="dynamic", width=2, depth=2, budget=6),  # all 2 + 1 * 2 ** 2 candidates
     _settings(strategy="lookahead", width=3, depth=2, budget=4),  # a side branch
-    _settings(strategy="static shape", width=2, depth=2, budget=4, temperature=1.0),  # sampled, q and p < 1
+    _settings(strategy="tree", width=2, depth=2, budget=4, temperature=1.0),  # sampled, q and p < 1
 )
 
 
@@ -468,3 +468,11 @@ def test_record_command_writes_and_resumes(tiny_pair, tiny_heads, tmp_path, monk
     assert len(loads) == 1 and f"{n} setting(s) recorded, 0 to record" in capsys.readouterr().out
     assert explorer.main(["--record", str(path), "--max-new-tokens", "5", "--prompt", "x = 1"]) == 2
     assert "recorded with other settings" in capsys.readouterr().err
+
+
+def test_a_former_strategy_label_reads_as_its_family_name_and_says_so():
+    raw = _settings(strategy="fallback").to_dict() | {"strategy": "cascade"}
+    with pytest.warns(UserWarning, match="former strategy label 'cascade' read as 'fallback'"):
+        assert ExplorerSettings.from_dict(raw).strategy == "fallback"
+    with pytest.raises(ValueError, match="strategy must be one of"):
+        ExplorerSettings.from_dict(raw | {"strategy": "no such strategy"})

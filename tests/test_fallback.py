@@ -92,7 +92,7 @@ def test_registry_names_and_bad_parts(tiny_pair):
     default = build_drafter("fallback", tiny_pair)
     assert default.name == "fallback(ngram(n=3,k=4,min=2)>chain(k=2))"
     assert parse_strategy("ngram-n3-k4-min2").arguments() == {"n": 3, "k": 4, "min_n": 2}
-    named = build_drafter("fallback-ngram-n2-k3+dynamic-k2-d2-n4", tiny_pair)
+    named = build_drafter("fallback-ngram-n2-k3+dynamic-w2-d2-b4", tiny_pair)
     assert [d.name for d in named.drafters] == ["ngram(n=2,k=3)", "dynamic(k=2,d=2,n=4)"]
     with pytest.raises(ValueError, match=r"fallback strategy part 'beam': unknown strategy 'beam'"):
         build_drafter("fallback-ngram+beam", tiny_pair)

@@ -1191,11 +1191,11 @@ def test_medusa_heads_in_other_weight_modes(tiny_pair, trained, mode, layer):
 def test_registry_builds_head_drafters(tiny_pair, trained):
     assert build_drafter("medusa", tiny_pair).name == "medusa(n=21,d=4)"
     assert build_drafter("medusa-2x1", tiny_pair).name == "medusa(n=4,d=2)"
-    assert build_drafter("medusa-k2-d2-n5", tiny_pair).shape.budget == 5
+    assert build_drafter("medusa-w2-d2-b5", tiny_pair).shape.budget == 5
     ranks = [h["rank_accuracy"] for h in trained["medusa"].validation["heads"]]
-    assert build_drafter("medusa-n6", tiny_pair).shape == medusa_tree(ranks, 6)
+    assert build_drafter("medusa-b6", tiny_pair).shape == medusa_tree(ranks, 6)
     assert build_drafter("eagle", tiny_pair).name == "eagle(k=4,d=5,n=16)"
-    assert build_drafter("eagle-k2-d3-n5", tiny_pair).name == "eagle(k=2,d=3,n=5)"
+    assert build_drafter("eagle-w2-d3-b5", tiny_pair).name == "eagle(k=2,d=3,n=5)"
     chain3 = build_drafter("eagle-chain-k3", tiny_pair)
     assert chain3.name == "eagle-chain(k=3)" and chain3.topk == 1
     # the EAGLE head drafts as trained (fp32) for an fp32 target, packed for another mode on a CPU
@@ -1209,7 +1209,7 @@ def test_registry_builds_head_drafters(tiny_pair, trained):
     assert e_mode == m_mode and e_mode in ("w4a8-token", "w8a8-token", None)
     layer = {"w8a8-token": W8A8TokenLinear, "w4a8-token": W4A8TokenLinear, None: torch.nn.Linear}[e_mode]
     suffix = "" if e_mode is None else f",{e_mode}"
-    packed = build_drafter("eagle-k2-d2-n4", half)
+    packed = build_drafter("eagle-w2-d2-b4", half)
     assert isinstance(packed.heads.fc, layer) and packed.name == f"eagle(k=2,d=2,n=4{suffix})"
     assert build_drafter("eagle-chain-k2", half).name == f"eagle-chain(k=2{suffix})"
     medusa = build_drafter("medusa-2x1", half)
@@ -1238,11 +1238,11 @@ def test_registry_builds_head_drafters(tiny_pair, trained):
     for given in (trained["eagle"].path, trained["eagle"].path / "checkpoint.pt"):
         assert head_drafter(tiny_pair, given, topk=1, depth=2, budget=2).heads_path == trained["eagle"].path
     assert chain3.heads_path == trained["eagle"].path
-    merged = build_drafter("merged-medusa-n6+ngram-n3-k8", tiny_pair)
+    merged = build_drafter("merged-medusa-b6+ngram-n3-k8", tiny_pair)
     assert merged.drafters[0].shape == medusa_tree(ranks, 6) and merged.drafters[1].name == "ngram(n=3,k=8)"
     assert merged.needs_target_hidden and merged.heads_path == trained["medusa"].path
     assert heads_kinds(parse_strategy("merged-ngram+eagle-chain-k3+medusa+eagle")) == ("eagle", "medusa")
-    budgeted = build_drafter("merged-b8-ngram-n3-k4+eagle-k4-d3-n16", tiny_pair)
+    budgeted = build_drafter("merged-b8-ngram-n3-k4+eagle-w4-d3-b16", tiny_pair)
     assert budgeted.budget == 8 and budgeted.drafters[1].budget == 16 and budgeted.needs_target_hidden
     assert heads_kinds(parse_strategy("merged-b8-ngram+eagle")) == ("eagle",)
     assert heads_kinds(parse_strategy("merged")) == () and heads_kinds(parse_strategy("eagle-chain")) == ("eagle",)
@@ -1255,7 +1255,7 @@ def test_medusa_budget_trees_need_validation_results(tiny_pair, corpus, tmp_path
     monkeypatch.setenv(HEADS_ENV, str(result.path))
     assert build_drafter("medusa-2x1", tiny_pair).name == "medusa(n=4,d=2)"  # the listed heads
     with pytest.raises(ValueError, match="record no validation results"):
-        build_drafter("medusa-n4", tiny_pair)
+        build_drafter("medusa-b4", tiny_pair)
 
 
 # -- command line ---------------------------------------------------------------------------------

@@ -204,19 +204,3 @@ def test_a_pair_found_equal_is_checked_again_after_a_change():
 def test_pair_of_tiny_models_loads():
     pair = load_pair(tiny_model(seed=0), tiny_model(seed=1), dtype="fp32")
     assert pair.target.name != pair.draft.name
-
-
-@pytest.mark.slow
-def test_builtin_pair_loads_and_shares_a_tokenizer(real_pair_fp32):
-    pair = real_pair_fp32
-    assert pair.target.vocab_size == pair.draft.vocab_size == 151936
-    assert pair.target.model.config.num_hidden_layers == 28
-    assert pair.draft.model.config.num_hidden_layers == 24
-    text = pair.target.tokenizer.apply_chat_template([{"role": "user", "content": "Say hi"}],
-                                                     add_generation_prompt=True, tokenize=False)
-    assert "<|im_start|>assistant" in text
-    ids = pair.target.tokenizer("def add(a, b):\n    return a + b", return_tensors="pt")["input_ids"]
-    with torch.no_grad():
-        logits = pair.target.model(ids).logits[0, -1]
-    # a real coder model, not random weights: it continues code sensibly (newline after a return line)
-    assert pair.target.tokenizer.decode(logits.argmax()).strip() in ("", "\n") or logits.softmax(-1).max() > 0.2

@@ -185,13 +185,19 @@ def test_models_needed_follow_the_notebooks_parameters(tmp_path):
                                  NotebookRun("03_chain_tree_dynamic.ipynb", {"models": "tiny"}),
                                  NotebookRun("04_verification_rules.ipynb", {"real_models": False})))
     assert runner._builtin_models_needed(_plans(only_toys, tmp_path)) == []
+    tiny = runner._builtin_models_needed(_plans(get_preset("tiny"), tmp_path))
+    assert tiny == [(target, "fp32"), (draft, "fp32")]  # only the quickstart (01) loads the built-in pair
+    assert runner._builtin_models_needed(_plans(get_preset("tiny"), tmp_path)[1:]) == []
     bf16 = Preset("b", "", (NotebookRun("01_quickstart.ipynb", {"dtype": "bf16"}),
                             NotebookRun("09_lookahead.ipynb", {"dtype": "auto"})))  # auto: the notebook's own
     assert runner._builtin_models_needed(_plans(bf16, tmp_path)) == [(target, "bf16"), (draft, "bf16")]
     four_bit = Preset("w", "", (NotebookRun("06_end_to_end_speed.ipynb", {"dtype": "w8a8-token",
                                                                           "draft_dtype": "w4a8-token"}),))
     assert runner._builtin_models_needed(_plans(four_bit, tmp_path)) == [(target, "w8a8-token"),
-                                                                          (draft, "w4a8-token"), (target, "bf16")]
+                                                                          (draft, "w4a8-token")]
+    probing = Preset("p", "", (NotebookRun("06_end_to_end_speed.ipynb", {"probe_dtypes": ["bf16"]}),))
+    assert runner._builtin_models_needed(_plans(probing, tmp_path)) == [(target, "fp32"), (draft, "fp32"),
+                                                                         (target, "bf16")]
     # on a remote Dask cluster, 03, 04 and 06 load the pair on the workers; 01 and 09 still here
     remote = runner._builtin_models_needed(_plans(get_preset("quick"), tmp_path), remote=True)
     assert remote == [(target, "fp32"), (draft, "fp32")]

@@ -1,12 +1,13 @@
 """Speculative decoding on the built-in Qwen2.5-Coder 1.5B / 0.5B pair in fp32: every drafter's
 greedy output equals the target's own greedy decoding, token for token.
 
-Three prompts of different kinds x 24 new tokens per drafter, all three prompts verified as
+Three prompts of different kinds x 16 new tokens per drafter, all three prompts verified as
 one batch per step. The full check (10 prompts x 128 tokens, plus the bf16 match rate) is
 ``python -m specviz.checks``.
 """
 
 import pytest
+import torch
 
 from specviz.decode.engine import eos_token_ids, plain_generate, speculative_generate_batch
 from specviz.decode.replay import replay_acceptance
@@ -35,7 +36,7 @@ PROMPTS = (
     "enter for free. Guided tours start every hour from the main hall, and the cafe on the top floor "
     "serves lunch until three.'",
 )
-MAX_NEW = 24
+MAX_NEW = 16
 
 DRAFTERS = {
     "chain4": lambda p: ChainDrafter(p.draft, 4),
@@ -54,6 +55,21 @@ DRAFTERS = {
     "jacobi": lambda p: JacobiDrafter(k=3),
     "lookahead": lambda p: LookaheadDrafter(window=3, ngram=3, guesses=3),
 }
+
+
+def test_builtin_pair_loads_and_shares_a_tokenizer(real_pair_fp32):
+    pair = real_pair_fp32
+    assert pair.target.vocab_size == pair.draft.vocab_size == 151936
+    assert pair.target.model.config.num_hidden_layers == 28
+    assert pair.draft.model.config.num_hidden_layers == 24
+    text = pair.target.tokenizer.apply_chat_template([{"role": "user", "content": "Say hi"}],
+                                                     add_generation_prompt=True, tokenize=False)
+    assert "<|im_start|>assistant" in text
+    ids = pair.target.tokenizer("def add(a, b):\n    return a + b", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        logits = pair.target.model(ids).logits[0, -1]
+    # a real coder model, not random weights: it continues code sensibly (newline after a return line)
+    assert pair.target.tokenizer.decode(logits.argmax()).strip() in ("", "\n") or logits.softmax(-1).max() > 0.2
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,9 @@
 """The strategy registry (specviz.draft.registry): every name builds its drafter on the tiny
 pair, parameters fall back to their defaults, and bad names or values are named in the error."""
 
+import re
+
+import pandas as pd
 import pytest
 
 from specviz.draft import (
@@ -29,9 +32,9 @@ from specviz.draft.registry import (
 NAMES = {
     "chain-k3": (ChainDrafter, "chain(k=3)"),
     "tree-2x1": (TreeDrafter, "tree(n=4,d=2)"),
-    "tree-k2-d3-n5": (TreeDrafter, "tree(n=5,d=2)"),
+    "tree-w2-d3-b5": (TreeDrafter, "tree(n=5,d=2)"),
     "dynamic": (DynamicTreeDrafter, "dynamic(k=4,d=5,n=16)"),
-    "dynamic-k2-d3-n5": (DynamicTreeDrafter, "dynamic(k=2,d=3,n=5)"),
+    "dynamic-w2-d3-b5": (DynamicTreeDrafter, "dynamic(k=2,d=3,n=5)"),
     "adaptive": (AdaptiveChainDrafter, "adaptive-throughput"),
     "adaptive-heuristic": (AdaptiveChainDrafter, "adaptive-heuristic"),
     "ngram": (NgramDrafter, "ngram(n=3,k=5)"),
@@ -72,18 +75,18 @@ def test_every_name_builds_its_drafter(tiny_pair):
 
 
 def test_parsed_parameters_and_defaults():
-    spec = parse_strategy("dynamic-k2-d3-n6")
+    spec = parse_strategy("dynamic-w2-d3-b6")
     assert spec.params == (("topk", 2), ("depth", 3), ("budget", 6))
     assert parse_strategy("dynamic").params == ()
     assert parse_strategy("dynamic").arguments() == {"topk": 4, "depth": 5, "budget": 16, "vocab": None}
-    assert parse_strategy("dynamic-k2-d3-n6-v512").params == (("topk", 2), ("depth", 3), ("budget", 6), ("vocab", 512))
+    assert parse_strategy("dynamic-w2-d3-b6-v512").params == (("topk", 2), ("depth", 3), ("budget", 6), ("vocab", 512))
     assert parse_strategy("tree-2x2x1").params == (("branching", (2, 2, 1)),)
     assert parse_strategy("adaptive-heuristic").param("schedule") == "heuristic"
     assert parse_strategy("self-spec").arguments() == {"n_layers": None, "k": 4}
     assert parse_strategy("medusa").arguments() == {"branching": (3, 2, 1, 1), "width": None, "depth": None,
                                                     "budget": None, "tree_budget": None}
-    assert parse_strategy("medusa-k2-d3-n6").params == (("width", 2), ("depth", 3), ("budget", 6))
-    assert parse_strategy("medusa-n6").params == (("tree_budget", 6),)
+    assert parse_strategy("medusa-w2-d3-b6").params == (("width", 2), ("depth", 3), ("budget", 6))
+    assert parse_strategy("medusa-b6").params == (("tree_budget", 6),)
     assert parse_strategy("eagle").arguments() == {"topk": 4, "depth": 5, "budget": 16}
     assert parse_strategy("eagle-chain-k3").family == "eagle-chain"
     assert parse_strategy("eagle-chain").arguments() == {"k": 4}
@@ -91,7 +94,7 @@ def test_parsed_parameters_and_defaults():
 
 def test_head_strategies_without_trained_heads_name_the_training_command(tiny_pair, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECVIZ_CACHE", str(tmp_path))
-    for name, kind in (("medusa", "medusa"), ("eagle-k2-d3-n5", "eagle"), ("eagle-chain", "eagle")):
+    for name, kind in (("medusa", "medusa"), ("eagle-w2-d3-b5", "eagle"), ("eagle-chain", "eagle")):
         with pytest.raises(FileNotFoundError, match=rf"no trained {kind} heads for target 'tiny-qwen2-seed0'.*"
                                                     rf"python -m specviz.heads train --kind {kind} --tiny"):
             build_drafter(name, tiny_pair)
@@ -137,3 +140,47 @@ def test_budgeted_kary():
     assert budgeted_kary(1, 4, 100).parents == (-1, 0, 1, 2, 3)
     with pytest.raises(ValueError, match="width must be an int >= 1, got 0"):
         budgeted_kary(0, 2, 3)
+
+
+def test_each_letter_means_one_thing_in_every_family():
+    """Every single-letter parameter of every usage is in the letters table, and a letter
+    names the same parameter wherever it appears (k: a chain's tokens, w: a tree's width,
+    b: the budget, n: an n-gram order, ...)."""
+    from specviz.draft.registry import NAME_LETTERS
+
+    documented = {key.split("<")[0] for key, _ in NAME_LETTERS if key[0].isalpha()}
+    meaning = {"k": {"k"}, "w": {"width", "topk", "window"}, "d": {"depth"}, "b": {"budget", "tree_budget"},
+               "n": {"n", "ngram"}, "g": {"guesses"}, "m": {"max_matches"}, "min": {"min_n"}, "v": {"vocab"},
+               "L": {"n_layers"}}
+    assert documented == set(meaning)
+    for family in STRATEGIES:
+        letters = re.findall(r"[-|]([A-Za-z]+)\(\\d\+\)", family.pattern)
+        ints = [p for p in family.params if p.kind == "int"]
+        assert len(letters) == len(ints), family.name
+        for letter, param in zip(letters, ints):
+            assert param.name in meaning[letter], (family.name, letter, param.name)
+
+
+def test_old_spellings_are_refused_with_the_current_name_and_read_from_stored_results():
+    from specviz.draft.registry import current_name, rename_methods
+
+    with pytest.raises(ValueError, match="'dynamic-k4-d5-n16' is spelt 'dynamic-w4-d5-b16' now"):
+        parse_strategy("dynamic-k4-d5-n16")
+    assert current_name("merged-b16-ngram-n3-k6+eagle-k8-d3-n16") == "merged-b16-ngram-n3-k6+eagle-w8-d3-b16"
+    assert current_name("medusa-n16") == "medusa-b16" and current_name("cascade") == "fallback"
+    for name in ("ngram-n3-k5", "ngram-trie-n3-d5-b16-m8", "lookahead-w5-n4-g5", "chain-k4", "plain"):
+        assert current_name(name) == name  # current names stay
+    rows = pd.DataFrame({"method": ["plain", "tree-k2-d3-n8", "tree-k2-d3-n8"], "strategy": ["static shape", "a", None]})
+    assert rename_methods(rows) == {"tree-k2-d3-n8": "tree-w2-d3-b8", "static shape": "tree"}
+    assert list(rows["method"]) == ["plain", "tree-w2-d3-b8", "tree-w2-d3-b8"] and rows["strategy"][0] == "tree"
+    assert rename_methods(rows) == {}  # read once: nothing old is left
+    parse_strategy("tree-w2-d3-b8")
+
+
+def test_list_methods_prints_the_letters(capsys):
+    from specviz.bench.__main__ import main
+
+    assert main(["--list-methods"]) == 0
+    out = capsys.readouterr().out
+    assert "dynamic[-w<W>-d<D>-b<B>][-v<V>]" in out and "each letter of a name, in every family:" in out
+    assert "b<B>  " in out and "budget" in out

@@ -435,8 +435,8 @@ NOTEBOOK_STRATEGIES = ["chain", "2-ary", "4-ary", "expansion-3-2-1", "sequoia", 
 
 
 def test_strategy_colors_follow_the_family():
-    same = [("chain", "chain-k4"), ("2-ary", "tree-k2-d3-n8"), ("4-ary", "tree-k4-d3-n16"),
-            ("expansion-3-2-1", "tree-2x2x1"), ("dynamic (EAGLE-2)", "dynamic-k4-d5-n16"),
+    same = [("chain", "chain-k4"), ("2-ary", "tree-w2-d3-b8"), ("4-ary", "tree-w4-d3-b16"),
+            ("expansion-3-2-1", "tree-2x2x1"), ("dynamic (EAGLE-2)", "dynamic-w4-d5-b16"),
             ("n-gram chain", "ngram"), ("n-gram trie", "ngram-trie-n3-d5-b16-m8"), ("lookahead", "lookahead-w5-n4-g5"),
             ("jacobi", "jacobi-k5"), ("adaptive", "adaptive-heuristic"), ("self-spec", "self-spec-L12-k4"),
             ("plain", "plain-bf16"), ("llama-plain", "llama-spec-k3"), ("sequoia", "Sequoia")]

@@ -1,5 +1,6 @@
 """Tests for specviz.study: presets, notebook conventions, the command line, and every
-notebook run through papermill with its smallest parameters (the ``smoke`` preset)."""
+notebook run through papermill with its smallest parameters (the ``tiny`` preset: ``smoke`` on the
+random tiny pair wherever a notebook can use it)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from specviz.study.runner import declared_parameters, notebook_parameters, run_s
 
 ALL_NOTEBOOKS = sorted(p.name for p in NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
 STUDY_NOTEBOOKS = sorted({run.notebook for preset in PRESETS.values() for run in preset.runs})
-SMOKE_RUNS = PRESETS["smoke"].runs
+SMOKE_RUNS = PRESETS["tiny"].runs
 
 
 def _builtin_models_missing() -> list[str]:
@@ -51,7 +52,7 @@ def _parameters_cell(nb) -> nbformat.NotebookNode:
 
 def test_every_preset_runs_the_same_notebooks_in_the_same_order():
     orders = {name: [r.notebook for r in p.runs] for name, p in PRESETS.items()}
-    assert orders["smoke"] == orders["quick"] == orders["standard"] == orders["full"]
+    assert orders["smoke"] == orders["tiny"] == orders["quick"] == orders["standard"] == orders["full"]
     assert orders["quick"][-1] == "08_report.ipynb"  # the report reads every other notebook's tables
     assert orders["quick"][:-1] == sorted(orders["quick"][:-1])
 
@@ -248,13 +249,13 @@ def smoke_run(tmp_path_factory):
 
     missing = _builtin_models_missing()
     if missing:
-        reason = f"the smoke run uses the built-in models; data packages missing: {missing[:3]}"
+        reason = f"the tiny run's quickstart uses the built-in models; data packages missing: {missing[:3]}"
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(f"CI=true but {reason}")
         pytest.skip(reason)
     out = tmp_path_factory.mktemp("smoke")
     lines: list[str] = []
-    result = run_study("smoke", out_dir=out, progress=False, log=lines.append)
+    result = run_study("tiny", out_dir=out, progress=False, log=lines.append)
     return result, lines
 
 
@@ -293,7 +294,7 @@ def test_smoke_run_writes_tables_and_manifest(smoke_run):
                  "lookahead_sweep") + REPORTED_TABLES:
         assert f"{name}.csv" in tables and f"{name}.parquet" in tables, name
     manifest = json.loads((result.out_dir / "study.json").read_text())
-    assert manifest["preset"] == "smoke"
+    assert manifest["preset"] == "tiny"
     assert [n["status"] for n in manifest["notebooks"]] == ["ran"] * len(SMOKE_RUNS)
 
 
@@ -314,19 +315,19 @@ def test_smoke_report_reads_every_table(smoke_run):
 def test_rerun_skips_finished_notebooks(smoke_run):
     result, _ = smoke_run
     lines: list[str] = []
-    again = run_study("smoke", out_dir=result.out_dir, progress=False, log=lines.append)
+    again = run_study("tiny", out_dir=result.out_dir, progress=False, log=lines.append)
     assert [o.status for o in again.outcomes] == ["skipped"] * len(SMOKE_RUNS)
     assert sum(line.startswith("[study ") and "skipped" in line for line in lines) == len(SMOKE_RUNS)
 
 
 def test_report_reruns_when_a_notebook_it_reads_reran(smoke_run):
     result, _ = smoke_run
-    run_study("smoke", out_dir=result.out_dir, only=["02"], force=True, progress=False, log=lambda _: None)
-    again = run_study("smoke", out_dir=result.out_dir, progress=False, log=lambda _: None)
+    run_study("tiny", out_dir=result.out_dir, only=["02"], force=True, progress=False, log=lambda _: None)
+    again = run_study("tiny", out_dir=result.out_dir, progress=False, log=lambda _: None)
     status = {o.notebook: o.status for o in again.outcomes}
     assert status.pop("08_report") == "ran"
     assert set(status.values()) == {"skipped"}
-    third = run_study("smoke", out_dir=result.out_dir, progress=False, log=lambda _: None)
+    third = run_study("tiny", out_dir=result.out_dir, progress=False, log=lambda _: None)
     assert {o.status for o in third.outcomes} == {"skipped"}
 
 

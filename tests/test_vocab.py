@@ -149,8 +149,8 @@ def test_sampled_decoding_with_reduced_vocabulary_is_reproducible(tiny_pair, cac
     assert runs[0] == runs[1] and len(runs[0]) == 24
 
 
-@pytest.mark.parametrize("name", ["chain-k2-v16", "tree-2x1-v16", "tree-k2-d2-n3-v16", "dynamic-v16",
-                                  "dynamic-k2-d3-n6-v16", "fallback-ngram+chain-k2-v16"])
+@pytest.mark.parametrize("name", ["chain-k2-v16", "tree-2x1-v16", "tree-w2-d2-b3-v16", "dynamic-v16",
+                                  "dynamic-w2-d3-b6-v16", "fallback-ngram+chain-k2-v16"])
 def test_registry_names(tiny_pair, cached_ranking, name):
     drafter = build_drafter(name, tiny_pair)
     result = speculative_generate(tiny_pair.target, drafter, PROMPT, max_new_tokens=12, stop_at_eos=False)

@@ -19,10 +19,10 @@ Usage::
 
     python -m specviz.bench --limit 7 --max-new-tokens 128                   # one prompt per category
     python -m specviz.bench --limit 7 --max-new-tokens 128 --temperature 0.7
-    python -m specviz.bench --methods hf-assisted dynamic-k8-d6-n32 ngram-n4-k10 --out tuning.csv
+    python -m specviz.bench --methods hf-assisted dynamic-w8-d6-b32 ngram-n4-k10 --out tuning.csv
     python -m specviz.bench --dtype w8a8-token --llama-cpp ~/llama.cpp/build --methods chain-k2 llama-plain llama-spec-k2
     python -m specviz.bench --dtype bf16 --limit 7 --max-new-tokens 128 --heads <medusa result> \
-        --methods merged-medusa-n4+ngram-n3-k8 ngram-n3-k8 llama-ngram-n3-k8 --llama-cpp ~/llama.cpp/build
+        --methods merged-medusa-b4+ngram-n3-k8 ngram-n3-k8 llama-ngram-n3-k8 --llama-cpp ~/llama.cpp/build
     python -m specviz.bench --device cuda --dtype bf16 --limit 7
     python -m specviz.bench --dtype w8a8-token --draft-dtype w4a8-token --limit 7 --max-new-tokens 128
     python -m specviz.bench attention --budgets 8 16 32 64 --batch-sizes 1 4 --prefix-lens 128 512 2048
@@ -39,18 +39,37 @@ import os
 import re
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Sequence
 
 import pandas as pd
 import torch
 
+from specviz.bench.cli_args import (
+    UsageError as _UsageError,
+    attention_parser as _attention_parser,
+    check_args as _check_args,
+    check_counts as _check_counts,
+    e2e_parser as _e2e_parser,
+    environment as _environment,
+    grammar_text as _grammar_text,
+    heads_env as _heads_env,
+    profile_parser as _profile_parser,
+)
+from specviz.bench.cost_passes import (  # noqa: F401 (the curve's names and _append_costs, read from here too)
+    BEFORE_ROUNDS,
+    CURVE_PREFIX,
+    CURVE_SIZES,
+    append_costs as _append_costs,
+    costs_path as _costs_path,
+    curve_spread as _curve_spread,
+    measure_costs as _measure_costs,
+    measure_round_costs as _measure_round_costs,
+    predicted_wall as _predicted_wall,
+)
 from specviz.bench.e2e import (
     COLUMNS,
-    DEFAULT_METHODS,
     LLAMA_METHODS,
-    METHOD_GRAMMAR,
     BenchSummary,
     Generation,
     load_results,
@@ -58,12 +77,10 @@ from specviz.bench.e2e import (
     run_method,
     summarize,
 )
-from specviz.bench.llama import LLAMA_BINARIES, find_llama_cpp
 from specviz.draft.registry import MethodSpec, build_drafter, heads_kinds
 from specviz.locations import output_path
 from specviz.bench.auto import is_auto, resolve_auto
 from specviz.models.device import resolve_device
-from specviz.models.fused import DEFAULT_DRAFT_LAYERS, DRAFT_LAYERS
 
 __all__ = ["main"]
 
@@ -74,155 +91,8 @@ def _format(df: pd.DataFrame, index: bool = False) -> str:
     return df.to_string(index=index, formatters=fmt, na_rep="-")
 
 
+
 # -- the end-to-end command -----------------------------------------------------------------------
-
-class _UsageError(Exception):
-    """A bad command line or input file: reported in one line, exit status 2."""
-
-
-def _e2e_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m specviz.bench",
-        description="End-to-end decoding speed: transformers' plain, assisted and prompt-lookup "
-                    "decoding against specviz's strategies, on the same prompts. "
-                    "'python -m specviz.bench attention --help' times tree attention instead.")
-    p.add_argument("--prompts", type=Path, default=None,
-                   help="Spec-Bench-format JSON Lines question file (default: the shipped data/prompts.jsonl)")
-    p.add_argument("--limit", type=int, default=None,
-                   help="first N prompts, taken round-robin over categories (default: all)")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="token budget per generation (default 128)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
-    p.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
-                   help=f"methods to run (default: {' '.join(DEFAULT_METHODS)}, plus llama-plain and llama-spec "
-                        "when llama.cpp is found); 'plain' is always added")
-    p.add_argument("--llama-cpp", default=None, metavar="DIR",
-                   help="directory of llama.cpp's llama-bench and llama-speculative-simple (or its bin/ or "
-                        "build/bin/; default: found on PATH, else the llama-* methods are not available)")
-    p.add_argument("--list-methods", action="store_true", help="print the method grammar and exit")
-    p.add_argument("--verifier", default=None,
-                   help="verification rule of specviz strategies at a temperature (default: chain for "
-                        "chains, topk otherwise)")
-    p.add_argument("--repeats", type=int, default=1, help="runs of every (method, prompt) (default 1)")
-    p.add_argument("--seed", type=int, default=0, help="base sampling seed (default 0)")
-    p.add_argument("--out", default=None,
-                   help="CSV file; a relative name lands under outputs/ (default bench-greedy.csv or "
-                        "bench-t<T>.csv)")
-    p.add_argument("--fresh", action="store_true", help="discard rows already in --out instead of resuming")
-    p.add_argument("--no-predict", dest="predict", action="store_false",
-                   help="skip timing the target's cost curve and prefills (about a minute on a CPU before the "
-                        "rounds and a few seconds after each) and the cost model's predicted speedup of each strategy")
-    p.add_argument("--models", choices=("builtin", "tiny"), default="builtin",
-                   help="builtin: --target and --draft (default); tiny: specviz's tiny random pair (tests)")
-    p.add_argument("--target", default=None, help="target model (default: the built-in 1.5B)")
-    p.add_argument("--draft", default=None, help="draft model (default: the built-in 0.5B)")
-    p.add_argument("--dtype", default="bf16",
-                   help="weight mode of both models: fp32, bf16 (default), fp16, w8a8-token, w4a8-token, or auto "
-                        "(the fastest mode that passes the accuracy bar on this machine, probed once and cached)")
-    p.add_argument("--draft-dtype", default=None,
-                   help="weight mode of the draft model alone (default: --dtype), e.g. w4a8-token: a draft's "
-                        "accuracy costs acceptance, never exactness; plain decoding and the peers keep --dtype")
-    p.add_argument("--draft-layers", choices=DRAFT_LAYERS, default=DEFAULT_DRAFT_LAYERS,
-                   help="how a w4a8-token draft on the CPU runs its decoder layers: fused-one-pass (default: one "
-                        "compiled call per layer, activations in one pass), fused (the mode's two activation "
-                        "passes) or modules; recorded in the draft_layers column (other drafts: modules)")
-    p.add_argument("--device", default="auto",
-                   help="where the models run: auto (default: CUDA, then MPS, then the CPU, among those "
-                        "that run --dtype), cpu, cuda[:N] or mps")
-    p.add_argument("--warmup-tokens", type=int, default=16, help="tokens of each method's warm-up run (default 16)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch threads (default: torch's own choice, left unchanged; recorded either way)")
-    p.add_argument("--heads", nargs="+", default=None, metavar="DIR",
-                   help="trained-heads result directories the medusa / eagle methods draft with, one per kind "
-                        "(default: $SPECVIZ_HEADS, else the cached result trained on the most data)")
-    return p
-
-
-def _grammar_text() -> str:
-    width = max(len(r.usage) for r in METHOD_GRAMMAR)
-    return "\n".join(f"  {r.usage:<{width}}  {r.description}" for r in METHOD_GRAMMAR)
-
-
-def _check_args(args: argparse.Namespace) -> list[MethodSpec]:
-    _check_counts(args)
-    if not (args.temperature >= 0.0 and math.isfinite(args.temperature)):
-        raise _UsageError(f"--temperature must be a finite number >= 0, got {args.temperature}")
-    if args.repeats < 1:
-        raise _UsageError(f"--repeats must be >= 1, got {args.repeats}")
-    if args.warmup_tokens < 0:
-        raise _UsageError(f"--warmup-tokens must be >= 0, got {args.warmup_tokens}")
-    if args.verifier is not None:
-        from specviz.verify.rules import VERIFIERS
-
-        if args.verifier not in VERIFIERS:
-            raise _UsageError(f"unknown --verifier {args.verifier!r}; valid: {', '.join(VERIFIERS)}")
-    try:
-        args.llama_cpp_dir = find_llama_cpp(args.llama_cpp)
-    except FileNotFoundError as exc:
-        raise _UsageError(f"--llama-cpp: {exc}") from None
-    if args.methods is None:
-        args.methods = list(DEFAULT_METHODS) + (["llama-plain", "llama-spec"] if args.llama_cpp_dir else [])
-    names = list(dict.fromkeys(["plain", *args.methods]))
-    try:
-        specs = [parse_method(n) for n in names]
-    except ValueError as exc:
-        raise _UsageError(f"{exc}\nmethod grammar:\n{_grammar_text()}") from None
-    llama = [s.name for s in specs if s.family in LLAMA_METHODS]
-    if llama and args.llama_cpp_dir is None:
-        raise _UsageError(f"methods {llama} need llama.cpp's {' and '.join(LLAMA_BINARIES)}: none on PATH; "
-                          "pass --llama-cpp DIR (specviz never downloads them; see python -m specviz.bench "
-                          "--list-methods and the specviz.bench.llama docstring for the build commands)")
-    if llama and args.models == "tiny":
-        raise _UsageError(f"methods {llama} run the built-in pair's GGUF files, not --models tiny")
-    args.heads_env = _heads_env(args.heads)
-    return specs
-
-
-def _check_counts(args: argparse.Namespace) -> None:
-    """The checks of ``--limit``, ``--max-new-tokens`` and ``--threads`` both commands share."""
-    if args.limit is not None and args.limit < 1:
-        raise _UsageError(f"--limit must be >= 1, got {args.limit}")
-    if args.max_new_tokens < 1:
-        raise _UsageError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if args.threads is not None and args.threads < 1:
-        raise _UsageError(f"--threads must be >= 1, got {args.threads}")
-
-
-def _heads_env(entries: Sequence[str] | None) -> tuple[str, str] | None:
-    """The environment variable (name, value) that makes the head strategies draft with the
-    ``--heads`` result directories, checked (trained heads there, one per kind); None without any."""
-    if not entries:
-        return None
-    from specviz.models.saved_heads import HEADS_ENV, read_result_meta
-
-    kinds = {}
-    for entry in entries:
-        try:
-            kind = read_result_meta(entry)[1]["kind"]
-        except FileNotFoundError as exc:
-            raise _UsageError(f"--heads: {entry} holds no trained heads ({exc})") from None
-        if kind in kinds:
-            raise _UsageError(f"--heads: {kinds[kind]} and {entry} are both {kind} heads; give one per kind")
-        kinds[kind] = entry
-    return HEADS_ENV, os.pathsep.join(str(Path(e).expanduser().resolve()) for e in entries)
-
-
-@contextmanager
-def _environment(setting: tuple[str, str] | None):
-    """``os.environ[name] = value`` for the duration (nothing for None), the old value restored."""
-    if setting is None:
-        yield
-        return
-    name, value = setting
-    before = os.environ.get(name)
-    os.environ[name] = value  # read by the head strategies' builders (specviz.heads.find_heads)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
-
 
 def _load_models(args: argparse.Namespace):
     from specviz.models.builtin import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -291,6 +161,8 @@ def _existing_rows(out: Path, fresh: bool) -> pd.DataFrame:
         df = load_results(out)
     except (ValueError, pd.errors.ParserError) as exc:
         raise _UsageError(f"cannot resume from {out}: {exc}; pass --fresh or another --out") from None
+    for old, new in df.attrs.get("renamed_methods", {}).items():
+        print(f"resuming {out}: its rows of {old!r} read as {new!r} (the name's current spelling)")
     if list(df.columns) != list(COLUMNS):
         raise _UsageError(f"{out} has columns of another version of the benchmark; pass --fresh or another --out")
     from specviz.quant.weights import parse_weight_mode
@@ -467,115 +339,6 @@ def _run(args: argparse.Namespace, specs: list[MethodSpec]) -> int:
     return 0
 
 
-# -- the cost model's prediction ------------------------------------------------------------------
-
-#: tree sizes (nodes, root included) of the target's cost curve the predictions interpolate
-CURVE_SIZES: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64)
-#: tokens in the cache before each forward of the curve
-CURVE_PREFIX = 200
-
-
-def _costs_path(out: Path) -> Path:
-    """Where a benchmark CSV keeps the target's measured costs (resumed with it)."""
-    return out.with_name(out.stem + ".costs.csv")
-
-
-#: the ``pass`` of the costs timed before the rounds (each round's pass is named after it)
-BEFORE_ROUNDS = "before"
-
-
-def _append_costs(pair, todo, path: Path, label: str) -> None:
-    """Time ``todo`` = ``[(prefix_len, sizes, warmup, repeats), ...]`` of the target with
-    :func:`~specviz.bench.cost.forward_cost_curve` and append the rows to ``path``, with
-    ``pass`` = ``label``."""
-    from specviz.bench.cost import forward_cost_curve
-
-    for prefix, sizes, warmup, repeats in todo:
-        if not sizes:
-            continue
-        part = forward_cost_curve(pair.target, sizes, prefix_len=prefix, warmup=warmup, repeats=repeats)
-        part["pass"] = label
-        if path.exists() and path.stat().st_size:
-            have = pd.read_csv(path, nrows=0).columns
-            if list(have) != list(part.columns):  # a file begun before passes were recorded: one pass, before
-                pd.concat([pd.read_csv(path).assign(**{"pass": BEFORE_ROUNDS}), part]).to_csv(path, index=False)
-                continue
-        part.to_csv(path, mode="a", header=not (path.exists() and path.stat().st_size), index=False)
-
-
-def _measure_costs(pair, lengths: Sequence[int], path: Path) -> None:
-    """Time the target's cost curve (:data:`CURVE_SIZES` after :data:`CURVE_PREFIX` tokens)
-    and its prefill of each prompt length in ``lengths`` that ``path`` does not hold yet
-    for this target and thread count; append them to ``path``."""
-    have = pd.read_csv(path) if path.exists() and path.stat().st_size else pd.DataFrame(
-        columns=["model", "threads", "n_tokens", "prefix_len"])
-    mine = have[(have["model"] == pair.target.name) & (have["threads"] == torch.get_num_threads())]
-    done = set(zip(mine["prefix_len"].astype(int), mine["n_tokens"].astype(int)))
-    todo = [(CURVE_PREFIX, [n for n in CURVE_SIZES if (CURVE_PREFIX, n) not in done], 1, 3),
-            (0, sorted({n for n in lengths if (0, n) not in done}), 1, 2)]
-    t0 = time.perf_counter()
-    _append_costs(pair, todo, path, BEFORE_ROUNDS)
-    if any(sizes for _, sizes, *_ in todo):
-        print(f"cost model: the target's forward at {len(todo[0][1])} tree sizes and its prefill of "
-              f"{len(todo[1][1])} prompt lengths timed in {time.perf_counter() - t0:.1f}s -> {path}")
-
-
-def _measure_round_costs(pair, prompt_len: int, path: Path, label: str) -> float:
-    """One more pass of the target's cost curve and of the prefill of the round's prompt
-    (``prompt_len`` tokens), right after the round's runs: each size timed once after one
-    untimed forward of it; seconds taken.
-
-    The curve timed before the rounds alone can miss how fast the machine runs during
-    them (on a shared 2-core machine its one-token forward has measured 13% faster and
-    32% slower than the rounds' own decoding steps); the passes spread over the rounds share
-    the rounds' conditions, and the cost model takes the median of all passes. (Without
-    the untimed forward, the first forwards after the curve's prefill measured up to
-    54% slower than the rounds' decoding steps.)"""
-    t0 = time.perf_counter()
-    _append_costs(pair, [(CURVE_PREFIX, list(CURVE_SIZES), 1, 1), (0, [prompt_len], 1, 1)], path, label)
-    return time.perf_counter() - t0
-
-
-def _predicted_wall(rows: pd.DataFrame, path: Path) -> pd.Series | None:
-    """The cost model's wall time of every row (:func:`specviz.bench.cost.predicted_wall_s`)
-    from the costs in ``path``; None when they are missing or do not cover the rows."""
-    from specviz.bench.cost import CostModel, predicted_wall_s
-
-    costs = _costs_of(rows, path)
-    if costs is None:
-        return None
-    # every pass (before the rounds and after each one): the median per size
-    curve = costs[costs["prefix_len"] > 0].groupby("n_tokens", as_index=False)["median_ms"].median()
-    prefill = costs[costs["prefix_len"] == 0].groupby("n_tokens", as_index=False)["median_ms"].median()
-    if curve.empty or prefill.empty:
-        return None
-    model = CostModel.from_curves(curve, curve, column="median_ms")
-    return predicted_wall_s(rows, model, list(zip(prefill["n_tokens"], prefill["median_ms"])))
-
-
-def _costs_of(rows: pd.DataFrame, path: Path) -> pd.DataFrame | None:
-    """The costs in ``path`` timed for ``rows``' target at their thread count (every pass);
-    None when the file is missing or there are no rows."""
-    if not path.exists() or rows.empty:
-        return None
-    costs = pd.read_csv(path)
-    threads = set(rows["threads"].dropna().astype(int))
-    return costs[costs["model"].isin(set(rows["target"])) & costs["threads"].isin(threads)]
-
-
-def _curve_spread(rows: pd.DataFrame, path: Path) -> str:
-    """How much the passes of the target's one-token forward varied (the machine's noise
-    during the run), e.g. ``"one-token forward 83 ms, 73-105 over 8 passes"``; "" with
-    fewer than two passes."""
-    costs = _costs_of(rows, path)
-    if costs is None:
-        return ""
-    one = costs[(costs["prefix_len"] > 0) & (costs["n_tokens"] == 1)]["median_ms"]
-    if len(one) < 2:
-        return ""
-    return f"one-token forward {one.median():.0f} ms, {one.min():.0f}-{one.max():.0f} over {len(one)} passes"
-
-
 def _measure(args, specs: list[MethodSpec], prompts, rounds, existing: pd.DataFrame, out: Path, run: dict) -> None:
     """Load the models, warm every method up, then run the rounds, appending each to ``out``."""
     import transformers
@@ -589,103 +352,110 @@ def _measure(args, specs: list[MethodSpec], prompts, rounds, existing: pd.DataFr
     # generate() warns about its own internal calls of the assistant; they say nothing about the run
     transformers.logging.set_verbosity_error()
     try:
-        t0 = time.perf_counter()
-        pair = _load_models(args)
-        print(f"models: {pair.target.name} (target), {pair.draft.name} (draft), loaded in "
-              f"{time.perf_counter() - t0:.1f}s")
-        from specviz.models.fused import fused_support, layers_of
-
-        if layers_of(pair.draft.model) != args.draft_layers:
-            raise _UsageError(f"the draft's layers cannot be fused ({fused_support(pair.draft.model)}); "
-                              "pass --draft-layers modules")
-        kinds = sorted(set().union(*(heads_kinds(s) for s in specs if s.is_strategy)))
-        if kinds:
-            from specviz.models.saved_heads import find_heads
-
-            for kind in kinds:
-                try:
-                    print(f"{kind} heads: {find_heads(pair.target.name, kind)}")
-                except FileNotFoundError as exc:
-                    raise _UsageError(str(exc)) from None
+        pair = _checked_pair(args, specs)
         try:
             drafters = {s.name: build_drafter(s, pair) for s in specs if s.is_strategy}
         except (ValueError, TypeError) as exc:
             raise _UsageError(str(exc)) from None
         ids = {p.question_id: encode_prompt(pair.target.tokenizer, p.text, chat=True) for p in prompts}
-        pending = {s.name for *_, todo in rounds for s in todo}
         if args.warmup_tokens:
-            first = ids[prompts[rounds[0][1]].question_id]
-            for s in specs:
-                if s.name in pending and s.family not in LLAMA_METHODS:  # a fresh process per run: no warm state
-                    run_method(s, pair, first, max_new_tokens=args.warmup_tokens, temperature=args.temperature,
-                               seed=args.seed, drafter=drafters.get(s.name),
-                               verifier=s.verifier(args.temperature, args.verifier), llama_cpp=args.llama_cpp_dir)
-            print(f"warm-up: {len(pending)} methods x {args.warmup_tokens} tokens (not timed)")
+            _warm_up(args, specs, pair, drafters, ids[prompts[rounds[0][1]].question_id],
+                     {s.name for *_, todo in rounds for s in todo})
         predict = args.predict and any(s.is_strategy for s in specs)
         if predict:
             _measure_costs(pair, [len(ids[p.question_id]) - 1 for p in prompts], _costs_path(out))
         total = sum(len(t) for *_, t in rounds)
         count = 0
         for repeat, i, todo in rounds:
-            prompt = prompts[i]
-            qid = prompt.question_id
-            seed = args.seed + 100_003 * repeat + qid
-            k = (repeat * len(prompts) + i) % len(todo)
-            order = todo[k:] + todo[:k]
-            gens: dict[str, tuple[int, Generation, float]] = {}
-            for position, spec in enumerate(order):
-                gc.collect()
-                load1 = os.getloadavg()[0]
-                gen = run_method(spec, pair, ids[qid], max_new_tokens=args.max_new_tokens,
-                                 temperature=args.temperature, seed=seed, drafter=drafters.get(spec.name),
-                                 verifier=spec.verifier(args.temperature, args.verifier), llama_cpp=args.llama_cpp_dir)
-                gens[spec.name] = (position, gen, load1)
-                count += 1
-                print(f"[{count:>4}/{total}] q{qid} {prompt.category:<15} {spec.name:<18} "
-                      f"{gen.n_tokens / gen.wall_s:7.2f} tok/s  tau {gen.n_tokens / gen.steps:5.2f}  "
-                      f"{gen.n_tokens:>4} tokens ({gen.stop})", flush=True)
-            if "plain" in gens:
-                plain = gens["plain"][1]
-                plain_tps, plain_ids = len(plain.output_ids) / plain.wall_s, plain.output_ids
-            else:
-                ref = existing[(existing["method"] == "plain") & (existing["question_id"] == qid)
-                               & (existing["repeat"] == repeat)].iloc[0]
-                plain_tps = float(ref["tokens_per_s"])
-                plain_ids = tuple(int(t) for t in str(ref["output_ids"]).split())
-            rows = [_row(spec, gens[spec.name][1], prompt, repeat, gens[spec.name][0], len(ids[qid]), plain_tps,
-                         plain_ids, run, gens[spec.name][2]) for spec in todo]
-            pd.DataFrame(rows, columns=list(COLUMNS)).to_csv(out, mode="a", header=not out.exists(), index=False)
-            best = max(rows, key=lambda r: r["speedup"])
-            timed = ""
-            if predict:
-                took = _measure_round_costs(pair, len(ids[qid]) - 1, _costs_path(out), f"q{qid}-r{repeat}")
-                timed = f"; cost curve timed again ({took:.1f}s)"
-            print(f"       q{qid}: plain {plain_tps:.2f} tok/s; fastest {best['method']} {best['speedup']:.2f}x{timed}")
+            count = _run_round(args, pair, drafters, ids, prompts, (repeat, i, todo), existing, out, run,
+                               predict, count, total)
     finally:
         transformers.logging.set_verbosity(verbosity)
 
 
-# -- the tree attention microbenchmark ----------------------------------------------------------------
+def _checked_pair(args: argparse.Namespace, specs: list[MethodSpec]):
+    """The loaded models, once their draft layers run as ``--draft-layers`` says and every
+    head strategy's trained heads are found (each printed)."""
+    t0 = time.perf_counter()
+    pair = _load_models(args)
+    print(f"models: {pair.target.name} (target), {pair.draft.name} (draft), loaded in "
+          f"{time.perf_counter() - t0:.1f}s")
+    from specviz.models.fused import fused_support, layers_of
 
-def _attention_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m specviz.bench attention",
-        description="Time tree attention (one SDPA call with the tree mask) against per-path attention "
-                    "(one causal call per root-to-leaf path) and causal attention over the same number of "
-                    "tokens, on random tensors with a real model's head layout.")
-    p.add_argument("--budgets", type=int, nargs="+", default=[8, 16, 32, 64],
-                   help="draft-node budgets of Sequoia-shaped trees (default: 8 16 32 64)")
-    p.add_argument("--shapes", nargs="*", default=[], metavar="B1xB2x...",
-                   help="extra trees by branching per depth, e.g. 2x2x1 4x2x2x1")
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4], help="default: 1 4")
-    p.add_argument("--prefix-lens", type=int, nargs="+", default=[128, 512, 2048], help="default: 128 512 2048")
-    p.add_argument("--layout", choices=("1.5b", "0.5b"), default="1.5b",
-                   help="head layout of the built-in target (1.5b, default) or draft (0.5b)")
-    p.add_argument("--dtype", default="fp32", help="fp32 (default) or bf16")
-    p.add_argument("--repeats", type=int, default=5, help="timed repeats per call (default 5)")
-    p.add_argument("--out", default="attention-timing.csv",
-                   help="CSV file; a relative name lands under outputs/ (default %(default)s)")
-    return p
+    if layers_of(pair.draft.model) != args.draft_layers:
+        raise _UsageError(f"the draft's layers cannot be fused ({fused_support(pair.draft.model)}); "
+                          "pass --draft-layers modules")
+    kinds = sorted(set().union(*(heads_kinds(s) for s in specs if s.is_strategy)))
+    if kinds:
+        from specviz.models.saved_heads import find_heads
+
+        for kind in kinds:
+            try:
+                print(f"{kind} heads: {find_heads(pair.target.name, kind)}")
+            except FileNotFoundError as exc:
+                raise _UsageError(str(exc)) from None
+    return pair
+
+
+def _warm_up(args: argparse.Namespace, specs: list[MethodSpec], pair, drafters: dict, first, pending: set[str]) -> None:
+    """One untimed run of ``--warmup-tokens`` tokens of each method in ``pending`` on the
+    prompt ``first`` (llama.cpp's methods start a fresh process per run: none)."""
+    for s in specs:
+        if s.name in pending and s.family not in LLAMA_METHODS:  # a fresh process per run: no warm state
+            run_method(s, pair, first, max_new_tokens=args.warmup_tokens, temperature=args.temperature,
+                       seed=args.seed, drafter=drafters.get(s.name),
+                       verifier=s.verifier(args.temperature, args.verifier), llama_cpp=args.llama_cpp_dir)
+    print(f"warm-up: {len(pending)} methods x {args.warmup_tokens} tokens (not timed)")
+
+
+def _run_round(args: argparse.Namespace, pair, drafters: dict, ids: dict, prompts, round_: tuple,
+               existing: pd.DataFrame, out: Path, run: dict, predict: bool, count: int, total: int) -> int:
+    """Run one round ``(repeat, prompt index, methods)``, its methods in an order rotated
+    per round, and append its rows to ``out``; returns ``count`` plus the runs done."""
+    repeat, i, todo = round_
+    prompt = prompts[i]
+    qid = prompt.question_id
+    seed = args.seed + 100_003 * repeat + qid
+    k = (repeat * len(prompts) + i) % len(todo)
+    order = todo[k:] + todo[:k]
+    gens: dict[str, tuple[int, Generation, float]] = {}
+    for position, spec in enumerate(order):
+        gc.collect()
+        load1 = os.getloadavg()[0]
+        gen = run_method(spec, pair, ids[qid], max_new_tokens=args.max_new_tokens,
+                         temperature=args.temperature, seed=seed, drafter=drafters.get(spec.name),
+                         verifier=spec.verifier(args.temperature, args.verifier), llama_cpp=args.llama_cpp_dir)
+        gens[spec.name] = (position, gen, load1)
+        count += 1
+        print(f"[{count:>4}/{total}] q{qid} {prompt.category:<15} {spec.name:<18} "
+              f"{gen.n_tokens / gen.wall_s:7.2f} tok/s  tau {gen.n_tokens / gen.steps:5.2f}  "
+              f"{gen.n_tokens:>4} tokens ({gen.stop})", flush=True)
+    plain_tps, plain_ids = _plain_reference(gens, existing, qid, repeat)
+    rows = [_row(spec, gens[spec.name][1], prompt, repeat, gens[spec.name][0], len(ids[qid]), plain_tps,
+                 plain_ids, run, gens[spec.name][2]) for spec in todo]
+    pd.DataFrame(rows, columns=list(COLUMNS)).to_csv(out, mode="a", header=not out.exists(), index=False)
+    best = max(rows, key=lambda r: r["speedup"])
+    timed = ""
+    if predict:
+        took = _measure_round_costs(pair, len(ids[qid]) - 1, _costs_path(out), f"q{qid}-r{repeat}")
+        timed = f"; cost curve timed again ({took:.1f}s)"
+    print(f"       q{qid}: plain {plain_tps:.2f} tok/s; fastest {best['method']} {best['speedup']:.2f}x{timed}")
+    return count
+
+
+def _plain_reference(gens: dict[str, tuple[int, Generation, float]], existing: pd.DataFrame, qid: int,
+                     repeat: int) -> tuple[float, tuple[int, ...]]:
+    """Plain decoding's tokens per second and output of the round: this round's run when
+    it has one, else the row of it already in the CSV."""
+    if "plain" in gens:
+        plain = gens["plain"][1]
+        return len(plain.output_ids) / plain.wall_s, plain.output_ids
+    ref = existing[(existing["method"] == "plain") & (existing["question_id"] == qid)
+                   & (existing["repeat"] == repeat)].iloc[0]
+    return float(ref["tokens_per_s"]), tuple(int(t) for t in str(ref["output_ids"]).split())
+
+
+# -- the tree attention microbenchmark ----------------------------------------------------------------
 
 
 def _attention(argv: list[str]) -> int:
@@ -721,37 +491,6 @@ def _attention(argv: list[str]) -> int:
 
 
 # -- where the time goes --------------------------------------------------------------------------
-
-def _profile_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m specviz.bench profile",
-        description="Where a decoding run's time goes: each method's greedy generation under torch's profiler, "
-                    "split by phase of the engine (prefill, draft, tree, forward, verify, update, cache, other) "
-                    "and by kind of work (integer products, float products, attention, other operators, "
-                    "Python), in milliseconds per generated token.")
-    p.add_argument("--methods", nargs="+", default=["specviz-plain", "chain-k2", "ngram-n3-k8"], metavar="METHOD",
-                   help="methods in the benchmark's grammar (default: specviz-plain chain-k2 ngram-n3-k8); "
-                        "transformers' own (plain, hf-*) show as one 'other' phase")
-    p.add_argument("--prompts", type=Path, default=None,
-                   help="Spec-Bench-format JSON Lines question file (default: the shipped data/prompts.jsonl)")
-    p.add_argument("--limit", type=int, default=1,
-                   help="first N prompts, taken round-robin over categories (default 1); totals are over all")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="token budget per generation (default 64)")
-    p.add_argument("--models", choices=("builtin", "tiny"), default="builtin",
-                   help="builtin: --target and --draft (default); tiny: specviz's tiny random pair (tests)")
-    p.add_argument("--target", default=None, help="target model (default: the built-in 1.5B)")
-    p.add_argument("--draft", default=None, help="draft model (default: the built-in 0.5B)")
-    p.add_argument("--dtype", default="bf16", help="weight mode of both models, as for the benchmark (default bf16)")
-    p.add_argument("--draft-dtype", default=None, help="weight mode of the draft alone (default: --dtype)")
-    p.add_argument("--draft-layers", choices=DRAFT_LAYERS, default=DEFAULT_DRAFT_LAYERS,
-                   help="how a w4a8-token draft runs its decoder layers (default: %(default)s)")
-    p.add_argument("--device", default="auto", help="auto (default), cpu, cuda[:N] or mps")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
-    p.add_argument("--heads", nargs="+", default=None, metavar="DIR",
-                   help="trained-heads result directories the medusa / eagle methods draft with, one per kind")
-    p.add_argument("--out", default="profile.csv",
-                   help="CSV file of the per-prompt rows; a relative name lands under outputs/ (default %(default)s)")
-    return p
 
 
 def _profile(argv: list[str]) -> int:

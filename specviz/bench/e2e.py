@@ -79,7 +79,7 @@ import pandas as pd
 import torch
 
 from specviz.models.device import synchronize
-from specviz.draft.registry import STRATEGIES, Family, MethodSpec, Param, parse_name
+from specviz.draft.registry import STRATEGIES, Family, MethodSpec, Param, parse_name, rename_methods
 
 __all__ = [
     "PEER_METHODS",
@@ -385,8 +385,10 @@ def load_results(path: str | os.PathLike) -> pd.DataFrame:
         FileNotFoundError: no such file.
         ValueError: the file lacks columns of :data:`COLUMNS`.
 
-    Files written before the ``device`` column existed were measured on the CPU and read
-    with ``device`` "cpu"; before ``draft_dtype``, both models ran in ``dtype``; before
+    Methods stored under an older spelling of their name read as the current one
+    (:func:`~specviz.draft.registry.rename_methods`); ``df.attrs["renamed_methods"]`` maps
+    each old name read to its current name. Files written before the ``device`` column
+    existed were measured on the CPU and read with ``device`` "cpu"; before ``draft_dtype``, both models ran in ``dtype``; before
     ``draft_layers``, the draft ran its modules' forward ("modules", not "fused").
     """
     path = Path(path)
@@ -405,6 +407,7 @@ def load_results(path: str | os.PathLike) -> pd.DataFrame:
         missing = []
     if missing:
         raise ValueError(f"{path} is not a specviz benchmark CSV (missing columns {missing})")
+    df.attrs["renamed_methods"] = rename_methods(df, ("method",))
     return df
 
 

@@ -42,8 +42,7 @@ def _prompts(n: int) -> list[str]:
     return [p.text for p in load_prompts(limit=n)]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command line entry point; returns 1 if the fp32 identity check found a mismatch."""
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m specviz.checks", description=identity.__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", type=int, default=10, help="prompts from the shipped set (default 10)")
     parser.add_argument("--tokens", type=int, default=128, help="new tokens per prompt (default 128)")
@@ -63,6 +62,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", default="auto",
                         help="where the models run: auto (default: CUDA, then MPS, then the CPU, among those that "
                              "run the section's weight mode), cpu, cuda[:N] or mps")
+    return parser
+
+
+def _checked_lists(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """The sections and the accuracy section's weight modes of the command line, checked
+    (``parser.error`` on an unknown one or a ``--chunk`` below 1)."""
+    sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+    mode_sections = [m for m in WEIGHT_MODES if m != "fp32"]
+    unknown = sorted(set(sections) - {"identity", "accuracy", "adaptive", *mode_sections})
+    if unknown:
+        parser.error(f"unknown sections {unknown}; choose from identity, accuracy, adaptive, {', '.join(mode_sections)}")
+    accuracy_modes = [m.strip() for m in args.accuracy_modes.split(",") if m.strip()]
+    bad = sorted(set(accuracy_modes) - set(WEIGHT_MODES))
+    if bad:
+        parser.error(f"unknown --accuracy-modes {bad}; choose from {', '.join(WEIGHT_MODES)}")
+    if args.chunk < 1:
+        parser.error(f"--chunk must be >= 1, got {args.chunk}")
+    return sections, accuracy_modes
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line entry point; returns 1 if the fp32 identity check found a mismatch."""
+    parser = _parser()
     args = parser.parse_args(argv)
     try:
         resolve_device(args.device)
@@ -75,17 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as exc:
             parser.error(f"--device: {exc}")
 
-    sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+    sections, accuracy_modes = _checked_lists(parser, args)
     mode_sections = [m for m in WEIGHT_MODES if m != "fp32"]
-    unknown = sorted(set(sections) - {"identity", "accuracy", "adaptive", *mode_sections})
-    if unknown:
-        parser.error(f"unknown sections {unknown}; choose from identity, accuracy, adaptive, {', '.join(mode_sections)}")
-    accuracy_modes = [m.strip() for m in args.accuracy_modes.split(",") if m.strip()]
-    bad = sorted(set(accuracy_modes) - set(WEIGHT_MODES))
-    if bad:
-        parser.error(f"unknown --accuracy-modes {bad}; choose from {', '.join(WEIGHT_MODES)}")
-    if args.chunk < 1:
-        parser.error(f"--chunk must be >= 1, got {args.chunk}")
     prompts = _prompts(args.prompts)
     keep = [s for s in args.drafters.split(",") if s]
     report: dict[str, object] = {"prompts": args.prompts, "tokens": args.tokens, "device": args.device}

@@ -2,7 +2,12 @@
 explorer and the notebooks.
 
 A *method name* is a family plus its parameters, e.g. ``chain-k4``, ``tree-2x2x1``,
-``dynamic-k4-d5-n16`` or just ``dynamic`` (every parameter at its default). The
+``dynamic-w4-d5-b16`` or just ``dynamic`` (every parameter at its default). Each letter
+means one thing in every family (:data:`NAME_LETTERS`, the table ``--list-methods``
+prints): ``k`` a chain's tokens, ``w`` a tree's width, ``d`` its depth, ``b`` the draft
+budget, ``n`` an n-gram order, and so on. Names in an older spelling (:data:`OLD_NAMES`)
+are refused with the current name; readers of stored results translate them with
+:func:`rename_methods`, which says which old names it read. The
 ``medusa``, ``eagle`` and ``eagle-chain`` families draft with heads trained for the
 target (:mod:`specviz.heads`), found in the specviz cache when the drafter is built.
 :func:`parse_strategy` turns a name into a :class:`MethodSpec` and :func:`build_drafter`
@@ -41,6 +46,10 @@ __all__ = [
     "Strategy",
     "MethodSpec",
     "STRATEGIES",
+    "NAME_LETTERS",
+    "OLD_NAMES",
+    "current_name",
+    "rename_methods",
     "parse_name",
     "parse_strategy",
     "build_drafter",
@@ -302,15 +311,16 @@ STRATEGIES: tuple[Strategy, ...] = (
              "draft-model chain of K tokens; -v<N>: the draft scores only the N most frequent tokens of its ranking "
              "plus the sequence's own (specviz.draft.vocab)",
              "chain", lambda pair, a: ChainDrafter(pair.draft, a["k"], vocab=a["vocab"])),
-    Strategy("tree", "tree-<B1>x<B2>x... | tree-k<W>-d<D>-n<N>, then [-v<V>]",
-             r"tree-(?:(\d+(?:x\d+)*)|k(\d+)-d(\d+)-n(\d+))(?:-v(\d+))?",
+    Strategy("tree", "tree-<B1>x<B2>x... | tree-w<W>-d<D>-b<B>, then [-v<V>]",
+             r"tree-(?:(\d+(?:x\d+)*)|w(\d+)-d(\d+)-b(\d+))(?:-v(\d+))?",
              (Param("branching", kind="ints"), Param("width"), Param("depth"), Param("budget"), Param("vocab")),
-             "static draft-model tree: branching B1 at depth 1, B2 at depth 2, ...; or the first N nodes, "
+             "static draft-model tree: branching B1 at depth 1, B2 at depth 2, ...; or the first B nodes, "
              "breadth first, of the W-ary tree of depth D; -v<V>: a reduced draft vocabulary as for chain", "topk",
              _tree),
-    Strategy("dynamic", "dynamic[-k<TOPK>-d<DEPTH>-n<BUDGET>][-v<N>]", r"dynamic(?:-k(\d+)-d(\d+)-n(\d+))?(?:-v(\d+))?",
+    Strategy("dynamic", "dynamic[-w<W>-d<D>-b<B>][-v<V>]", r"dynamic(?:-w(\d+)-d(\d+)-b(\d+))?(?:-v(\d+))?",
              (Param("topk", 4), Param("depth", 5), Param("budget", 16), Param("vocab")),
-             "EAGLE-2 dynamic tree (default k4-d5-n16); -v<N>: a reduced draft vocabulary as for chain", "topk",
+             "EAGLE-2 dynamic tree: W children per node and a frontier of W, D expansions, B nodes kept (default "
+             "w4-d5-b16); -v<V>: a reduced draft vocabulary as for chain", "topk",
              lambda pair, a: DynamicTreeDrafter(pair.draft, topk=a["topk"], depth=a["depth"], budget=a["budget"],
                                                 vocab=a["vocab"])),
     Strategy("adaptive", "adaptive[-throughput|-heuristic]", r"adaptive(?:-(throughput|heuristic))?",
@@ -322,26 +332,26 @@ STRATEGIES: tuple[Strategy, ...] = (
              "prompt lookup chain, n-grams up to N, K tokens; -min<M>: no proposal without a match of at least "
              "M tokens (default n3-k5, min 1)", "topk",
              lambda pair, a: NgramDrafter(n=a["n"], k=a["k"], min_n=a["min_n"])),
-    Strategy("ngram-adaptive", "ngram-adaptive[-n<N>-k<KMAX>][-min<M>]",
+    Strategy("ngram-adaptive", "ngram-adaptive[-n<N>-k<K>][-min<M>]",
              r"ngram-adaptive(?:-n(\d+)-k(\d+))?(?:-min(\d+))?",
              (Param("n", 3), Param("k", 8), Param("min_n", 1)),
-             "prompt lookup chain whose length (0 to KMAX) is chosen every step for expected throughput, from "
+             "prompt lookup chain whose length (0 to K) is chosen every step for expected throughput, from "
              "the acceptance seen per match length and the measured cost of verifying (default n3-k8)", "topk",
              lambda pair, a: AdaptiveNgramDrafter(n=a["n"], k_max=a["k"], min_n=a["min_n"])),
-    Strategy("ngram-trie", "ngram-trie[-n<N>-d<DEPTH>-b<BUDGET>][-m<MATCHES>]",
+    Strategy("ngram-trie", "ngram-trie[-n<N>-d<D>-b<B>][-m<M>]",
              r"ngram-trie(?:-n(\d+)-d(\d+)-b(\d+))?(?:-m(\d+))?",
              (Param("n", 3), Param("depth", 5), Param("budget", 16), Param("max_matches", 8)),
-             "trie of up to MATCHES prompt-lookup matches (default n3-d5-b16-m8)", "topk",
+             "trie of up to M prompt-lookup matches of n-grams up to N, D deep, B nodes (default n3-d5-b16-m8)", "topk",
              lambda pair, a: NgramTrieDrafter(n=a["n"], depth=a["depth"], budget=a["budget"],
                                               max_matches=a["max_matches"])),
-    Strategy("merged", "merged[-b<BUDGET>][-<A>+<B>[+...]]",
+    Strategy("merged", "merged[-b<B>][-<P1>+<P2>[+...]]",
              r"merged(?:-b(\d+))?(?:-([A-Za-z0-9-]+(?:\+[A-Za-z0-9-]+)+))?",
              (Param("budget", None), Param("parts", None, "word")),
              "SpecInfer's merged tree of several strategies' drafts, verified in one target call (default "
-             "chain-k4+ngram; e.g. merged-medusa-n4+ngram-n3-k8); -b<BUDGET>: at most BUDGET draft nodes, "
+             "chain-k4+ngram; e.g. merged-medusa-b4+ngram-n3-k8); -b<B>: at most B draft nodes, "
              "shared by the parts in order, a dynamic tree taking what the parts before it left (e.g. "
-             "merged-b16-ngram-n3-k6+eagle-k8-d3-n16)", "topk", _merged),
-    Strategy("fallback", "fallback[-<A>+<B>[+...]]", r"fallback(?:-([A-Za-z0-9-]+(?:\+[A-Za-z0-9-]+)+))?",
+             "merged-b16-ngram-n3-k6+eagle-w8-d3-b16)", "topk", _merged),
+    Strategy("fallback", "fallback[-<P1>+<P2>[+...]]", r"fallback(?:-([A-Za-z0-9-]+(?:\+[A-Za-z0-9-]+)+))?",
              (Param("parts", None, "word"),),
              "cascade: the first part that proposes anything drafts the step, later parts run only when the "
              "earlier ones are silent (default ngram-n3-k4-min2+chain-k2: the draft model only where prompt "
@@ -362,26 +372,81 @@ STRATEGIES: tuple[Strategy, ...] = (
              "pool, G guesses verified per step; -context adds the committed text's n-grams (default w5-n4-g5)",
              "topk", lambda pair, a: LookaheadDrafter(window=a["window"], ngram=a["ngram"], guesses=a["guesses"],
                                                       pool=a["pool"])),
-    Strategy("self-spec", "self-spec[-L<LAYERS>][-k<K>]", r"self-spec(?:-L(\d+))?(?:-k(\d+))?",
+    Strategy("self-spec", "self-spec[-L<L>][-k<K>]", r"self-spec(?:-L(\d+))?(?:-k(\d+))?",
              (Param("n_layers"), Param("k", 4)),
-             "target's first LAYERS layers draft a chain of K (default half the layers, k4)", "chain", _self_spec),
-    Strategy("medusa", "medusa[-<B1>x<B2>x...|-k<W>-d<D>-n<N>|-n<N>]",
-             r"medusa(?:-(\d+(?:x\d+)*)|-k(\d+)-d(\d+)-n(\d+)|-n(\d+))?",
+             "target's first L layers draft a chain of K (default half the layers, k4)", "chain", _self_spec),
+    Strategy("medusa", "medusa[-<B1>x<B2>x...|-w<W>-d<D>-b<B>|-b<B>]",
+             r"medusa(?:-(\d+(?:x\d+)*)|-w(\d+)-d(\d+)-b(\d+)|-b(\d+))?",
              (Param("branching", (3, 2, 1, 1), "ints"), Param("width"), Param("depth"), Param("budget"),
               Param("tree_budget")),
              "Medusa heads trained for the target (python -m specviz.heads train --kind medusa): head D's top "
-             "B_D candidates at depth D, the first N nodes of the W-ary tree of depth D, or (-n<N>) the tree of N "
-             "nodes with the most expected accepted tokens for the heads' accuracy by rank on their validation "
+             "B_D candidates at depth D, the first B nodes of the W-ary tree of depth D, or (-b<B> alone) the tree of "
+             "B nodes with the most expected accepted tokens for the heads' accuracy by rank on their validation "
              "split (default 3x2x1x1; the heads draft in a packed weight mode on a CPU unless the target is fp32, "
              "see medusa_head_mode)", "topk", _medusa),
-    Strategy("eagle", "eagle[-k<TOPK>-d<DEPTH>-n<BUDGET>]", r"eagle(?:-k(\d+)-d(\d+)-n(\d+))?",
+    Strategy("eagle", "eagle[-w<W>-d<D>-b<B>]", r"eagle(?:-w(\d+)-d(\d+)-b(\d+))?",
              (Param("topk", 4), Param("depth", 5), Param("budget", 16)),
              "EAGLE-2 dynamic tree of a feature head trained for the target (python -m specviz.heads train "
-             "--kind eagle; default k4-d5-n16; the head drafts in a packed weight mode on a CPU unless the target "
+             "--kind eagle; default w4-d5-b16; the head drafts in a packed weight mode on a CPU unless the target "
              "is fp32, see eagle_head_mode)", "topk", _eagle),
     Strategy("eagle-chain", "eagle-chain[-k<K>]", r"eagle-chain(?:-k(\d+))?", (Param("k", 4),),
              "chain of K tokens of the trained EAGLE feature head (default k4)", "topk", _eagle),
 )
+
+
+#: what each letter of a strategy name means, in every family that uses it
+NAME_LETTERS: tuple[tuple[str, str], ...] = (
+    ("k<K>", "tokens in a chain: its length (the most, where the length adapts; a Jacobi block's guesses)"),
+    ("w<W>", "width: children per node and frontier width of a tree; the Jacobi window of lookahead"),
+    ("d<D>", "depth of a tree: draft tokens along its longest path (expansions of a dynamic tree)"),
+    ("b<B>", "budget: the most draft nodes per step"),
+    ("n<N>", "n-gram order: the longest n-gram prompt lookup matches; lookahead's n-gram length"),
+    ("g<G>", "guesses verified per step (lookahead)"),
+    ("m<M>", "prompt-lookup matches merged into one trie"),
+    ("min<M>", "the shortest match prompt lookup drafts from"),
+    ("v<V>", "reduced draft vocabulary: the V most frequent tokens of its ranking plus the sequence's own"),
+    ("L<L>", "target layers that draft (self-speculation)"),
+    ("<B1>x<B2>x...", "branching: children per node at depth 1, 2, ..."),
+    ("<P1>+<P2>", "the parts of a composite strategy, each a strategy name"),
+)
+
+#: older spellings and the current name each reads as: ``(pattern, replacement, what changed)``,
+#: applied in order with :func:`re.sub` (strategy names, also inside composite names, and the
+#: explorer's former labels)
+OLD_NAMES: tuple[tuple[str, str, str], ...] = (
+    (r"(?<![A-Za-z])(tree|dynamic|eagle|medusa)-k(\d+)-d(\d+)-n(\d+)", r"\1-w\2-d\3-b\4",
+     "a tree's width was -k and its budget -n"),
+    (r"(?<![A-Za-z])(medusa|sequoia)-n(\d+)\b", r"\1-b\2", "a budget was -n"),
+    (r"^static shape$", "tree", "an explorer label"),
+    (r"^n-gram$", "ngram-trie", "an explorer label"),
+    (r"^adaptive n-gram$", "ngram-adaptive", "an explorer label"),
+    (r"^cascade$", "fallback", "an explorer label"),
+    (r"^eagle \+ lookup$", "merged", "an explorer label"),
+)
+
+
+def current_name(name: str) -> str:
+    """``name`` in the current spelling (itself where no :data:`OLD_NAMES` pattern applies)."""
+    for pattern, replacement, _ in OLD_NAMES:
+        name = re.sub(pattern, replacement, name)
+    return name
+
+
+def rename_methods(frame, columns: Sequence[str] = ("method", "strategy")) -> dict[str, str]:
+    """Rewrite the strategy names of stored results in ``frame``'s ``columns`` (those it has)
+    to the current spelling, in place; returns ``{old name: current name}`` for each old
+    name read, so that the reader can say so."""
+    renamed: dict[str, str] = {}
+    for column in columns:
+        if column not in frame.columns:
+            continue
+        values = frame[column]
+        old = {v: current_name(v) for v in values.dropna().unique() if isinstance(v, str)}
+        old = {k: v for k, v in old.items() if k != v}
+        if old:
+            frame[column] = values.replace(old)
+            renamed.update(old)
+    return renamed
 
 
 def parse_name(name: str, families: Sequence[Family], what: str = "method") -> MethodSpec:
@@ -403,6 +468,10 @@ def parse_name(name: str, families: Sequence[Family], what: str = "method") -> M
         spec = family.match(name)
         if spec is not None:
             return spec
+    new = current_name(name)
+    if new != name:
+        raise ValueError(f"{what} {name!r} is spelt {new!r} now (each letter of a name has one meaning: "
+                         f"python -m specviz.bench --list-methods)")
     valid = "; ".join(f.usage for f in families)
     plural = "strategies" if what == "strategy" else f"{what}s"
     raise ValueError(f"unknown {what} {name!r}; valid {plural}: {valid}")

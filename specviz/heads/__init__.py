@@ -6,8 +6,14 @@ vocabulary counted the same way.
   (:func:`task_prompts`), written by the target itself (:func:`self_prompts`) and from
   the Python standard library (and optionally a Spec-Bench file minus the evaluation
   categories) continued by the target (:func:`build_corpus` -> :class:`Corpus`);
+* :mod:`~specviz.heads.tasks` - the templates of the task-kind prompts (:data:`TASK_KINDS`,
+  slot values, word problems, prose passages of the Python reference);
 * :mod:`~specviz.heads.training` - :func:`train_heads` with checkpoints, resume and a cache
   keyed by target, kind, configuration and data; :func:`head_accuracy`;
+* :mod:`~specviz.heads.config` - :class:`HeadConfig`, the training settings, and
+  :func:`training_precision`;
+* :mod:`~specviz.heads.losses` - the batches and the Medusa and EAGLE losses a training
+  step computes;
 * :mod:`~specviz.heads.vocab` - :func:`~specviz.heads.vocab.build_draft_vocabulary`, the
   ranking behind the ``-v<N>`` strategies (also ``python -m specviz.heads.vocab``, so its
   names are imported from the module itself).

@@ -70,9 +70,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--validation", type=float, default=0.1, metavar="SHARE",
                    help="share of the sequences held out to pick the best weights and measure them (default 0.1; "
                         "0 for none)")
-    t.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16"),
-                   help="products of a training step: fp32, bf16 (autocast), or auto: bf16 where a probe finds it "
-                        "faster on this machine (default auto)")
+    t.add_argument("--train-precision", default="fp32", choices=("fp32", "bf16", "auto"),
+                   help="products of a training step (not the weight mode the heads draft in): fp32 (default), bf16 "
+                        "(autocast), or auto: bf16 where a probe finds it faster on this machine")
     t.add_argument("--soft-labels", type=float, default=0.0, metavar="SHARE",
                    help="share of the classification loss against the target's own distributions instead of the "
                         "data's tokens (0 to 1; default 0)")
@@ -137,7 +137,7 @@ def _train(args) -> int:
     if not args.rollout_decay >= 0:
         raise _UsageError(f"--rollout-decay must be >= 0, got {args.rollout_decay}")
     target = tiny_pair(seed=0).target if args.tiny else load_model(args.target, args.dtype)
-    precision = training_precision(target.device) if args.precision == "auto" else args.precision
+    precision = training_precision(target.device) if args.train_precision == "auto" else args.train_precision
     config = HeadConfig(n_heads=args.heads, vocab=args.vocab, lr=args.lr, batch_size=args.batch, window=args.window,
                         seed=args.seed, validation=args.validation, precision=precision,
                         soft_labels=args.soft_labels, mlp_size=args.mlp_size, rollout=args.rollout,

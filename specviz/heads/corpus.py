@@ -6,8 +6,9 @@ library and from task templates, continued by the target itself (self-distillati
   library modules (every Python installation has them), chosen deterministically by a
   seed;
 * :func:`task_prompts` - prompts of the study's task kinds (writing, questions, word
-  problems, translation, summarisation, questions on a context, code) from templates
-  with random slots and prose of the Python reference, never from the evaluation file;
+  problems, translation, summarisation, questions on a context, code) from the templates
+  of :mod:`~specviz.heads.tasks` (random slots and prose of the Python reference), never
+  from the evaluation file;
 * :func:`self_prompts` - prompts the target writes itself: its chat template up to a
   user turn, the turn's first words of a task kind, and the rest sampled from the
   target (as Magpie draws instructions out of an aligned model), so their wording is
@@ -43,6 +44,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
+from specviz.heads.tasks import TASK_KINDS, _check_kinds, _prose_passages, _task_prompt
 from specviz.models.types import LoadedModel
 from specviz.sampling import SamplingConfig
 from specviz.validate import check_int
@@ -285,9 +287,6 @@ def build_corpus(target: LoadedModel, *, prompts: int = 256, max_new_tokens: int
     Raises:
         ValueError: no prompt at all, or no prompt fits the target's context.
     """
-    from tqdm import tqdm
-
-    from specviz.decode.engine import encode_prompt, plain_generate_batch
     from specviz.data.store import ResultStore
 
     check_int("prompts", prompts, 0)
@@ -306,6 +305,22 @@ def build_corpus(target: LoadedModel, *, prompts: int = 256, max_new_tokens: int
     if spec_bench is not None:
         texts += spec_bench_prompts(spec_bench, exclude_categories)
     texts += list(extra_prompts)
+    fits = _fitting_prompts(target, texts, chat, max_new_tokens)
+    units = [(i, ids, t) for i, ids in enumerate(fits) for t in temps]
+    keys = [hashlib.sha256(repr((ids, t, seed + i, max_new_tokens)).encode()).hexdigest()[:24] for i, ids, t in units]
+    kept = _FeatureFiles(None if store is None else Path(str(store) + ".features"))
+    _continue_units(target, units, keys, results, kept, temps=temps, seed=seed, max_new_tokens=max_new_tokens,
+                    chat=chat, batch_size=batch_size, progress=progress)
+    sequences = [list(units[u][1]) + list(results.rows_of(key)[0]["output_ids"]) for u, key in enumerate(keys)]
+    lengths = [len(units[u][1]) for u in range(len(units))]
+    return Corpus.from_sequences(sequences, lengths, features=kept.lookup(keys))
+
+
+def _fitting_prompts(target: LoadedModel, texts: Sequence[str], chat: bool, max_new_tokens: int) -> list[list[int]]:
+    """The token ids of the prompts of :func:`build_corpus` that leave ``max_new_tokens``
+    of the target's context to spare."""
+    from specviz.decode.engine import encode_prompt
+
     if not texts:
         raise ValueError("no prompts: ask for stdlib prompts, task prompts, a Spec-Bench file or extra prompts")
     encoded = [encode_prompt(target.tokenizer, t, chat) for t in texts]
@@ -313,9 +328,20 @@ def build_corpus(target: LoadedModel, *, prompts: int = 256, max_new_tokens: int
     if not fits:
         raise ValueError(f"no prompt fits {target.name}'s context of {target.max_context} tokens with "
                          f"{max_new_tokens} new tokens; lower max_prompt_chars or max_new_tokens")
-    units = [(i, ids, t) for i, ids in enumerate(fits) for t in temps]
-    keys = [hashlib.sha256(repr((ids, t, seed + i, max_new_tokens)).encode()).hexdigest()[:24] for i, ids, t in units]
-    kept = _FeatureFiles(None if store is None else Path(str(store) + ".features"))
+    return fits
+
+
+def _continue_units(target: LoadedModel, units: Sequence[tuple], keys: Sequence[str], results: ResultStore,
+                    kept: _FeatureFiles, *, temps: Sequence[float], seed: int, max_new_tokens: int, chat: bool,
+                    batch_size: int, progress: bool) -> None:
+    """Decode the ``(prompt index, prompt ids, temperature)`` units of :func:`build_corpus`
+    that ``results`` lacks, greedy first and then each temperature, ``batch_size`` at a
+    time; each continuation is recorded under its key as soon as it is decoded, after its
+    features."""
+    from tqdm import tqdm
+
+    from specviz.decode.engine import plain_generate_batch
+
     with tqdm(total=len(units), desc=f"continuations by {target.name}", unit="seq", file=sys.stderr,
               disable=not progress, mininterval=1.0) as bar:
         bar.update(sum(key in results for key in keys))
@@ -330,9 +356,6 @@ def build_corpus(target: LoadedModel, *, prompts: int = 256, max_new_tokens: int
                     kept.put(keys[u], target, feats)  # before the unit: a recorded unit has its features
                     results.add(keys[u], {"output_ids": list(out.output_ids)})
                 bar.update(len(chunk))
-    sequences = [list(units[u][1]) + list(results.rows_of(key)[0]["output_ids"]) for u, key in enumerate(keys)]
-    lengths = [len(units[u][1]) for u in range(len(units))]
-    return Corpus.from_sequences(sequences, lengths, features=kept.lookup(keys))
 
 
 class _FeatureFiles:
@@ -372,190 +395,9 @@ class _FeatureFiles:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Prompts of the study's task kinds, generated from templates (never from the evaluation file)
+# Prompts of the study's task kinds, generated from the templates of specviz.heads.tasks (never from the
+# evaluation file)
 # ---------------------------------------------------------------------------------------------------
-
-#: the task kinds :func:`task_prompts` writes, the same kinds as the shipped evaluation set
-TASK_KINDS: tuple[str, ...] = ("code", "math_reasoning", "qa", "rag", "summarization", "translation", "writing")
-
-_PEOPLE = ("Mr. Okafor", "Ms. Lindqvist", "Dr. Romero", "my neighbour Sam", "the head of IT", "my team",
-           "Professor Chen", "the hiring manager", "my sister Ana", "the building manager", "a new colleague",
-           "the school principal", "our customers", "the city council", "my landlord, Mr. Duarte")
-_WRITING_TOPICS = ("a delayed delivery of office chairs", "the noise from the flat upstairs",
-                   "a request to work from home on Fridays", "the cancelled team offsite",
-                   "a refund for a broken kettle", "the new recycling rules", "a thank-you for a job reference",
-                   "moving the weekly meeting to Tuesday", "a leaking kitchen tap", "the results of the user survey",
-                   "an invitation to a charity run", "a late invoice", "a change of address",
-                   "feedback on a draft report", "a missing parcel", "the school trip next month",
-                   "a request for a day of leave", "a broken street light", "the launch of a new product",
-                   "a complaint about a hotel stay")
-_WRITING_KINDS = ("an email", "a short letter", "a polite message", "a formal complaint", "a friendly note",
-                  "an announcement")
-_WRITING_ASKS = ("Keep it under 150 words.", "Be polite but firm.", "Use a warm, informal tone.",
-                 "End with a clear request and a deadline.", "Use three short paragraphs.",
-                 "Mention that I am available on weekday mornings.")
-_FREEFORM = ("Write a short story about {thing} in about 150 words.", "Write a product description for {thing}.",
-             "Write a four-line poem about {thing}.", "Write the opening paragraph of a blog post about {thing}.",
-             "Write a short speech for a colleague's farewell party that mentions {thing}.")
-_THINGS = ("a lighthouse keeper", "a reusable water bottle", "autumn in a small town", "a robot learning to cook",
-           "a rainy train journey", "a lost umbrella", "a community garden", "a solar-powered lamp",
-           "the first day at a new job", "an old bicycle", "a night market", "a noise-cancelling headset")
-
-_WHY = ("does a straw look bent in a glass of water", "do leaves change colour in autumn", "does ice float on water",
-        "do we have leap years", "does bread go stale", "do cats purr", "is the ocean salty",
-        "does the moon have phases", "do onions make people cry", "does metal feel colder than wood",
-        "do airplanes leave white trails", "do we get goosebumps", "does a compass point north",
-        "is exercise good for sleep", "do stars twinkle", "does popcorn pop")
-_HOW = ("a refrigerator keeps food cold", "vaccines train the immune system", "a bicycle stays upright",
-        "noise-cancelling headphones work", "a search engine ranks pages", "solar panels make electricity",
-        "a credit card payment is processed", "bees make honey", "GPS finds your position", "a dam generates power",
-        "a thermostat controls a heater", "compound interest grows savings")
-_PAIRS = (("weather", "climate"), ("a virus", "a bacterium"), ("RAM", "disk storage"), ("a loan", "a lease"),
-          ("speed", "velocity"), ("an alligator", "a crocodile"), ("baking soda", "baking powder"),
-          ("a comet", "an asteroid"), ("a debit card", "a credit card"), ("TCP", "UDP"),
-          ("a simile", "a metaphor"), ("renewable", "non-renewable energy"))
-_QA_ASKS = ("Explain in a short paragraph.", "Answer in three or four sentences.",
-            "Give a clear answer a twelve-year-old could follow.", "Explain briefly, then give one example.")
-
-_LANGUAGES = ("French", "German", "Spanish", "Italian", "Portuguese", "Dutch")
-_SUBJECTS = ("The museum", "The pharmacy", "Our office", "The swimming pool", "The bakery on the corner",
-             "The city library", "The post office", "The sports centre")
-_TIMES = ("opens at eight in the morning", "closes early on Fridays", "is closed on public holidays",
-          "will be renovated next spring", "is busiest on Saturday mornings", "has new opening hours from May")
-_AFTER = ("Please bring your ticket with you.", "Tickets can be bought online or at the entrance.",
-          "Children under twelve enter for free.", "We apologise for any inconvenience.",
-          "Dogs are not allowed inside.", "Visitors should use the side door during the works.",
-          "Questions can be sent to the front desk by email.")
-
-_CODE_TASKS = ("`{name}(items)` that returns the items that appear more than once, in order of first appearance",
-               "`{name}(text)` that counts how often each word occurs, ignoring case and punctuation",
-               "`{name}(matrix)` that returns the transpose of a list of equal-length lists",
-               "`{name}(n)` that returns the first n Fibonacci numbers as a list",
-               "`{name}(path)` that returns the number of non-empty lines in a text file",
-               "`{name}(intervals)` that merges overlapping (start, end) intervals",
-               "`{name}(s)` that checks whether a string is a palindrome, ignoring spaces and case",
-               "`{name}(records, key)` that groups a list of dicts by the value of `key`",
-               "`{name}(seconds)` that formats a duration as H:MM:SS",
-               "`{name}(numbers)` that returns the running average after each element")
-_CODE_NAMES = ("solve", "process", "compute", "helper", "transform")
-_CODE_ASKS = ("Add type hints and a short docstring.", "Raise a ValueError on invalid input.",
-              "Include two example calls.", "Keep it under 20 lines.")
-
-
-def _prose_passages(min_chars: int = 300, max_chars: int = 900) -> list[str]:
-    """Prose paragraphs of the Python reference shipped with the standard library
-    (``pydoc_data.topics``; code and grammar blocks left out), each cut to ``max_chars``."""
-    try:
-        from pydoc_data.topics import topics
-    except ImportError:  # some distributions strip pydoc_data
-        topics = {}
-    passages = []
-    for key in sorted(topics):
-        for block in topics[key].split("\n\n"):
-            lines = block.splitlines()
-            if not lines or any(line.startswith((" ", "*", "=", ">>>")) for line in lines):
-                continue
-            text = " ".join(line.strip() for line in lines)
-            if len(text) >= min_chars // 3:
-                passages.append(text)
-    out, current = [], ""
-    for text in passages:  # join short paragraphs until a passage is long enough
-        current = f"{current}\n\n{text}" if current else text
-        if len(current) >= min_chars:
-            out.append(_cut_words(current, max_chars))
-            current = ""
-    return out
-
-
-def _cut_words(text: str, limit: int) -> str:
-    """``text`` cut after the last full sentence (or word) within ``limit`` characters."""
-    if len(text) <= limit:
-        return text
-    head = text[:limit]
-    end = head.rfind(". ")
-    return head[:end + 1] if end > limit // 2 else head.rsplit(" ", 1)[0]
-
-
-def _task_prompt(kind: str, rng: random.Random, passages: Sequence[str]) -> str:
-    pick = rng.choice
-    if kind == "writing":
-        if rng.random() < 0.6:
-            return (f"Write {pick(_WRITING_KINDS)} to {pick(_PEOPLE)} about {pick(_WRITING_TOPICS)}. "
-                    f"{pick(_WRITING_ASKS)}")
-        return pick(_FREEFORM).format(thing=pick(_THINGS))
-    if kind == "qa":
-        r = rng.random()
-        if r < 0.4:
-            question = f"Why {pick(_WHY)}?"
-        elif r < 0.7:
-            question = f"Describe how {pick(_HOW)}."
-        else:
-            a, b = pick(_PAIRS)
-            question = f"What is the difference between {a} and {b}?"
-        return f"{question} {pick(_QA_ASKS)}"
-    if kind == "math_reasoning":
-        return _math_problem(rng) + " Reason step by step, then give the final answer."
-    if kind == "translation":
-        if passages and rng.random() < 0.4:
-            text = _cut_words(pick(passages), 320)
-        else:
-            text = f"{pick(_SUBJECTS)} {pick(_TIMES)}. {pick(_AFTER)} {pick(_AFTER)}"
-        return f"Translate the following text into {pick(_LANGUAGES)}:\n\n\"{text}\""
-    if kind == "summarization":
-        text = pick(passages) if passages else " ".join(rng.sample(_AFTER, 4))
-        return f"Summarize the following text in {rng.choice((2, 3))} sentences.\n\n{text}"
-    if kind == "rag":
-        text = pick(passages) if passages else " ".join(rng.sample(_AFTER, 4))
-        words = sorted({w.strip(".,;:()\"'") for w in text.split() if len(w) > 7 and w.isalpha()})
-        about = pick(words) if words else "this"
-        return (f"Context:\n{text}\n\nQuestion: According to the context, what is said about \"{about}\"? "
-                "Answer using only the context, in two or three sentences.")
-    if kind == "code":
-        task = pick(_CODE_TASKS).format(name=pick(_CODE_NAMES))
-        return f"Write a Python function {task}. {pick(_CODE_ASKS)}"
-    raise ValueError(f"unknown task kind {kind!r}; known: {', '.join(TASK_KINDS)}")
-
-
-def _math_problem(rng: random.Random) -> str:
-    """A word problem with random numbers (one of several templates)."""
-    r = rng.randint
-    form = rng.randrange(6)
-    if form == 0:
-        a, n = r(2, 9), r(11, 40)
-        b = r(4 * a, 6 * a - 1)  # a pack is cheaper than six single pens
-        return (f"A shop sells pens for ${a} each or in packs of 6 for ${b}. Lee needs exactly {n} pens. "
-                "What is the least amount of money Lee can pay?")
-    if form == 1:
-        v, t1, t2 = r(40, 110), r(2, 5), r(15, 50)
-        return (f"A train travels at {v} km/h for {t1} hours and then stops for {t2} minutes. How far has it "
-                f"gone, and how long did the journey take in total?")
-    if form == 2:
-        p, d = r(20, 400), rng.choice((10, 15, 20, 25, 30))
-        return (f"A jacket costs ${p}. It is reduced by {d}% and then a further 10% at the till. What is the "
-                "final price?")
-    if form == 3:
-        a, b = r(5, 30), r(2, 6)
-        return (f"Sara is {a} years old and her father is {b} times her age. In how many years will her father "
-                "be exactly twice her age?")
-    if form == 4:
-        w, h, c = r(3, 12), r(2, 9), r(8, 40)
-        return (f"A room is {w} m long and {h} m wide. Tiles cost ${c} per square metre, and 10% extra must be "
-                "bought for cutting. How much do the tiles cost?")
-    n, k = r(20, 60), r(3, 9)
-    return (f"A class of {n} students is split into groups of {k}. The students left over join existing groups, "
-            "one per group. How many groups are there, and how many groups have an extra student?")
-
-
-def _check_kinds(caller: str, kinds: Sequence[str]) -> list[str]:
-    """``kinds`` as a list, refused if empty or naming a kind outside :data:`TASK_KINDS`."""
-    kinds = list(kinds)
-    if not kinds:
-        raise ValueError(f"{caller} needs at least one kind")
-    for kind in kinds:
-        if kind not in TASK_KINDS:
-            raise ValueError(f"unknown task kind {kind!r}; known: {', '.join(TASK_KINDS)}")
-    return kinds
-
 
 def task_prompts(n: int, *, seed: int = 0, kinds: Sequence[str] = TASK_KINDS) -> list[str]:
     """``n`` prompts spread evenly over the task ``kinds`` of the study's prompt set
@@ -655,9 +497,44 @@ def self_prompts(target: LoadedModel, n: int, *, seed: int = 0, kinds: Sequence[
     """
     from tqdm import tqdm
 
-    from specviz.decode.engine import plain_generate_batch
     from specviz.data.store import ResultStore
 
+    attempts, kinds, config = _writing_settings(n, seed, kinds, temperature, top_p, max_tokens, batch_size,
+                                                min_words, latin, max_attempts)
+    if n == 0:
+        return []
+    prefix = _turn_prefix(target)
+    results = store if isinstance(store, ResultStore) else ResultStore(store)
+    turns = _WrittenTurns(target, prefix, kinds, seed, config, (temperature, top_p, max_tokens), results)
+    kept: list[str] = []
+    seen: set[str] = set()
+    j = 0
+    with tqdm(total=n, desc=f"prompts written by {target.name}", unit="prompt", file=sys.stderr,
+              disable=not progress, mininterval=1.0) as bar:
+        while len(kept) < n and j < attempts:
+            batch = list(range(j, min(j + batch_size, attempts)))
+            turns.write(batch)
+            before = len(kept)
+            for b in batch:
+                row = results.rows_of(turns.key(b))[0]
+                text = row["text"].strip()
+                if (row["ended"] or not complete) and _usable_prompt(text, min_words=min_words, latin=latin) \
+                        and text not in seen and len(kept) < n:
+                    seen.add(text)
+                    kept.append(text)
+            bar.update(len(kept) - before)
+            j = batch[-1] + 1
+    if len(kept) < n:
+        raise ValueError(f"{target.name} wrote {len(kept)} usable prompts of {n} in {j} attempts; allow more "
+                         "attempts (max_attempts), longer turns (max_tokens) or loosen min_words / latin / complete")
+    return kept
+
+
+def _writing_settings(n: int, seed: int, kinds: Sequence[str], temperature: float, top_p: float, max_tokens: int,
+                      batch_size: int, min_words: int, latin: float,
+                      max_attempts: int | None) -> tuple[int, list[str], SamplingConfig]:
+    """The attempts allowed, the kinds and the sampling configuration of a
+    :func:`self_prompts` call, its arguments checked."""
     check_int("n", n, 0)
     check_int("seed", seed, 0)
     check_int("max_tokens", max_tokens)
@@ -670,49 +547,41 @@ def self_prompts(target: LoadedModel, n: int, *, seed: int = 0, kinds: Sequence[
     config = SamplingConfig(temperature=temperature, top_p=top_p)
     if config.greedy:
         raise ValueError("self_prompts samples; temperature must be > 0 (greedy writes the same prompt every time)")
-    if n == 0:
-        return []
-    prefix = _turn_prefix(target)
-    tok = target.tokenizer
-    results = store if isinstance(store, ResultStore) else ResultStore(store)
+    return attempts, kinds, config
 
-    def opener(j: int) -> str:
-        return random.Random(f"{seed}/{j}").choice(SELF_OPENERS[kinds[j % len(kinds)]])
 
-    def key(j: int) -> str:
-        wanted = (prefix, opener(j), seed + j, temperature, top_p, max_tokens)
+class _WrittenTurns:
+    """The attempts of a :func:`self_prompts` call: attempt ``j``'s first words, its key in
+    the store (from the turn prefix, the words, its seed ``seed + j`` and the sampling
+    settings) and the user turn the target writes after them."""
+
+    def __init__(self, target: LoadedModel, prefix: str, kinds: Sequence[str], seed: int, config: SamplingConfig,
+                 sampling: tuple[float, float, int], results: ResultStore) -> None:
+        self.target, self.prefix, self.kinds, self.seed = target, prefix, kinds, seed
+        self.config, self.results = config, results
+        self.sampling = sampling  # (temperature, top_p, max_tokens) as given
+        self.max_tokens = sampling[2]
+
+    def opener(self, j: int) -> str:
+        """The first words of attempt ``j``."""
+        return random.Random(f"{self.seed}/{j}").choice(SELF_OPENERS[self.kinds[j % len(self.kinds)]])
+
+    def key(self, j: int) -> str:
+        """Attempt ``j``'s key in the store."""
+        wanted = (self.prefix, self.opener(j), self.seed + j, *self.sampling)
         return "written-" + hashlib.sha256(repr(wanted).encode()).hexdigest()[:24]
 
-    kept: list[str] = []
-    seen: set[str] = set()
+    def write(self, batch: Sequence[int]) -> None:
+        """Sample the turns of the attempts of ``batch`` the store lacks, together, and store them."""
+        from specviz.decode.engine import plain_generate_batch
 
-    def consider(j: int) -> None:
-        row = results.rows_of(key(j))[0]
-        text = row["text"].strip()
-        if (row["ended"] or not complete) and _usable_prompt(text, min_words=min_words, latin=latin) \
-                and text not in seen and len(kept) < n:
-            seen.add(text)
-            kept.append(text)
-
-    j = 0
-    with tqdm(total=n, desc=f"prompts written by {target.name}", unit="prompt", file=sys.stderr,
-              disable=not progress, mininterval=1.0) as bar:
-        while len(kept) < n and j < attempts:
-            batch = list(range(j, min(j + batch_size, attempts)))
-            todo = [b for b in batch if key(b) not in results]
-            if todo:
-                ids = [tok(prefix + opener(b), add_special_tokens=False)["input_ids"] for b in todo]
-                outs = plain_generate_batch(target, ids, max_new_tokens=max_tokens, batch_size=len(todo),
-                                            chat=False, config=config, seed=[seed + b for b in todo])
-                for b, out in zip(todo, outs):
-                    text = opener(b) + tok.decode(list(out.output_ids), skip_special_tokens=True)
-                    results.add(key(b), {"text": text, "ended": out.stop_reason == "eos"})
-            before = len(kept)
-            for b in batch:
-                consider(b)
-            bar.update(len(kept) - before)
-            j = batch[-1] + 1
-    if len(kept) < n:
-        raise ValueError(f"{target.name} wrote {len(kept)} usable prompts of {n} in {j} attempts; allow more "
-                         "attempts (max_attempts), longer turns (max_tokens) or loosen min_words / latin / complete")
-    return kept
+        todo = [b for b in batch if self.key(b) not in self.results]
+        if not todo:
+            return
+        tok = self.target.tokenizer
+        ids = [tok(self.prefix + self.opener(b), add_special_tokens=False)["input_ids"] for b in todo]
+        outs = plain_generate_batch(self.target, ids, max_new_tokens=self.max_tokens, batch_size=len(todo),
+                                    chat=False, config=self.config, seed=[self.seed + b for b in todo])
+        for b, out in zip(todo, outs):
+            text = self.opener(b) + tok.decode(list(out.output_ids), skip_special_tokens=True)
+            self.results.add(self.key(b), {"text": text, "ended": out.stop_reason == "eos"})

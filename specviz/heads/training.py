@@ -1,6 +1,7 @@
 """Training draft heads on the target's own features, with checkpoints, resume and a cache.
 
-* :class:`HeadConfig` - the training settings (and the reduced vocabulary size);
+* :class:`HeadConfig` - the training settings (and the reduced vocabulary size), from
+  :mod:`~specviz.heads.config`;
 * :func:`train_heads` - AdamW on random windows of the target's features
   (:mod:`specviz.models.features`) from a :class:`~specviz.heads.Corpus`, for a number of
   steps and/or minutes, with a progress bar (loss and top-1 accuracy) on stderr. A
@@ -29,7 +30,8 @@ cross-entropy of the LM head on the predicted feature against the target's next 
 Labels come only from continuation tokens (the target's own output), never from prompts;
 the EAGLE head's input features get uniform noise of ``noise`` x their RMS, so that it
 learns to continue from its own slightly wrong predictions, and with ``rollout`` > 1 it
-is also trained on its own predictions, as a draft's deeper nodes feed it.
+is also trained on its own predictions, as a draft's deeper nodes feed it. The batches and
+these losses are computed in :mod:`~specviz.heads.losses`.
 
 Dimension legend: B = batch windows, W = window positions, H = hidden size, K = Medusa
 heads, V = scored vocabulary.
@@ -41,20 +43,22 @@ import copy
 import hashlib
 import io
 import json
-import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
 
+from specviz.heads.config import PRECISIONS, HeadConfig, training_precision
 from specviz.heads.corpus import Corpus
-from specviz.models.features import FEATURE_DTYPES, extract_features, load_features
-from specviz.models.heads import EagleHead, MedusaHeads, reduced_vocab
+# the batches and losses of a training step (_batch_loss calls them through these names)
+from specviz.heads.losses import (_eagle_batch, _eagle_loss, _medusa_batch, _medusa_loss,  # noqa: F401
+                                  _rollout_mask, _windows)
+from specviz.models.features import extract_features, load_features
+from specviz.models.heads import MedusaHeads, reduced_vocab
 from specviz.models.saved_heads import KINDS, build_heads, heads_root, name_slug, target_meta
 from specviz.models.types import LoadedModel
 from specviz.data.store import atomic_write_bytes, atomic_write_text
@@ -75,161 +79,6 @@ __all__ = [
 ]
 
 _FORMAT = 1
-
-
-@dataclass(frozen=True)
-class HeadConfig:
-    """Training settings of :func:`train_heads`.
-
-    Attributes:
-        n_heads: Medusa heads (draft depth); ignored by EAGLE.
-        vocab: score only the ``vocab`` most frequent tokens of the training data
-            (:func:`~specviz.heads.reduced_vocab`, end-of-sequence ids always in); None
-            scores the full vocabulary.
-        lr: AdamW learning rate.
-        weight_decay: AdamW weight decay.
-        batch_size: windows per step.
-        window: positions per window.
-        head_decay: Medusa: weight of head ``k``'s loss is ``head_decay ** (k - 1)``.
-        regression_weight: EAGLE: weight of the smooth-L1 feature loss.
-        classification_weight: EAGLE: weight of the cross-entropy of the predicted feature.
-        noise: EAGLE: uniform noise on input features, relative to each feature's RMS.
-        mlp_size: EAGLE: the width of the head layer's MLP (None: the target's own
-            ``intermediate_size``); narrower drafts cheaper (:class:`~specviz.heads.EagleHead`).
-        rollout: EAGLE: the draft depths trained. 1 trains every position on the target's
-            true features (EAGLE-1). With ``d`` > 1 each step also runs the head ``d - 1``
-            more times on its own predictions, as a draft tree's deeper nodes do: at depth
-            ``k`` a position's input is the head's depth ``k - 1`` prediction of its feature,
-            and it attends to the true features up to ``k - 1`` positions back and to its
-            own chain of predictions since (the "training-time test" of HASS and EAGLE-3).
-            The depths' losses are averaged, depth ``k``'s weighted ``rollout_decay ** (k - 1)``;
-            a step costs about ``d`` times as much.
-        rollout_decay: EAGLE: the weight of each deeper depth's loss relative to the one
-            above it (with ``rollout`` > 1).
-        soft_labels: the share of the classification loss taken against the target's own
-            distribution of the drafted position (its frozen LM head on its feature of the
-            position before, over the scored vocabulary) instead of the token the data
-            holds there: 0 trains on the tokens alone, 1 on the distributions alone (the
-            self-distillation loss of Medusa-2). The tokens stay what accuracy is measured
-            against.
-        grad_clip: gradient norm clip (0 = none).
-        seed: initial weights and batch sampling.
-        feature_dtype: storage dtype of the cached features (a key of
-            :data:`~specviz.models.features.FEATURE_DTYPES`).
-        vocab_fill: fill a reduced vocabulary beyond the data's distinct tokens with the
-            tokenizer's first ids (``reduced_vocab(..., fill_to=...)``).
-        validation: share of the data's sequences held out of training (picked with
-            ``seed``; at least one when the share is > 0 and the data has two or more).
-            Every ``eval_every`` steps and at the end, the loss and top-1 accuracy on them
-            are measured; the result keeps the weights of the lowest validation loss (early
-            stopping) and records, for Medusa, every head's accuracy by rank on them
-            (what the registry's ``medusa-n<N>`` trees are chosen from). 0 = no split.
-        eval_every: optimizer steps between validation passes.
-        precision: ``"fp32"``, or ``"bf16"``: the forward and backward products of a
-            training step in bfloat16 (``torch.autocast``; weights, optimizer state and
-            the losses stay float32). On a CPU with AVX512-BF16 a step's products are
-            about 2.5 times as fast; on an AVX2-only CPU bfloat16 products are slower
-            than float32. :func:`training_precision` picks one from a probe.
-        checkpoint_minutes: minutes between checkpoints (not part of the result's key).
-    """
-
-    n_heads: int = 4
-    vocab: int | None = None
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    batch_size: int = 8
-    window: int = 128
-    head_decay: float = 0.8
-    regression_weight: float = 1.0
-    classification_weight: float = 0.1
-    noise: float = 0.1
-    mlp_size: int | None = None
-    rollout: int = 1
-    rollout_decay: float = 1.0
-    soft_labels: float = 0.0
-    grad_clip: float = 0.5
-    seed: int = 0
-    feature_dtype: str = "float16"
-    vocab_fill: bool = True
-    validation: float = 0.1
-    eval_every: int = 25
-    precision: str = "fp32"
-    checkpoint_minutes: float = field(default=5.0, compare=False)
-
-    def __post_init__(self) -> None:
-        check_int("n_heads", self.n_heads)
-        if self.vocab is not None:
-            check_int("vocab", self.vocab, 2, note="(or None for the full vocabulary)")
-        check_int("batch_size", self.batch_size)
-        check_int("window", self.window)
-        check_int("seed", self.seed, 0)
-        check_int("eval_every", self.eval_every)
-        check_int("rollout", self.rollout, note="(1 = trained on the target's true features only)")
-        if self.mlp_size is not None:
-            check_int("mlp_size", self.mlp_size, note="(or None for the target's MLP width)")
-        if (isinstance(self.validation, bool) or not isinstance(self.validation, (int, float))
-                or not 0 <= self.validation < 1):
-            raise ValueError(f"validation must be a share in [0, 1), got {self.validation!r}")
-        for name in ("lr", "weight_decay", "head_decay", "regression_weight", "classification_weight", "noise",
-                     "soft_labels", "grad_clip", "checkpoint_minutes", "rollout_decay"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
-                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
-        if self.soft_labels > 1:
-            raise ValueError(f"soft_labels must be a share in [0, 1], got {self.soft_labels!r}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be > 0, got {self.lr!r}")
-        if self.checkpoint_minutes <= 0:
-            raise ValueError(f"checkpoint_minutes must be > 0, got {self.checkpoint_minutes!r}")
-        check_choice("feature_dtype", self.feature_dtype, tuple(FEATURE_DTYPES))
-        check_choice("precision", self.precision, PRECISIONS)
-        if not isinstance(self.vocab_fill, bool):
-            raise ValueError(f"vocab_fill must be True or False, got {self.vocab_fill!r}")
-
-    def key_fields(self, kind: str) -> dict:
-        """The settings that change a ``kind`` result (those its cache key hashes)."""
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.compare}
-        drop = ("n_heads", "head_decay") if kind == "eagle" else ("regression_weight", "classification_weight",
-                                                                  "noise", "mlp_size", "rollout",
-                                                                  "rollout_decay")
-        if self.precision == "fp32":  # results trained before the setting existed keep their key
-            drop += ("precision",)
-        if self.soft_labels == 0:  # likewise
-            drop += ("soft_labels",)
-        if self.mlp_size is None:  # likewise
-            drop += ("mlp_size",)
-        if self.rollout == 1:  # likewise
-            drop += ("rollout", "rollout_decay")
-        return {k: v for k, v in out.items() if k not in drop}
-
-
-#: what :attr:`HeadConfig.precision` may be
-PRECISIONS: tuple[str, ...] = ("fp32", "bf16")
-_PROBED: dict[str, str] = {}
-
-
-def training_precision(device: str | torch.device = "cpu") -> str:
-    """The faster :attr:`HeadConfig.precision` on ``device``: on a CUDA GPU ``"bf16"``
-    where it supports bfloat16; on a CPU the winner of a probe (measured once per
-    process): a ``(512, 1536) x (1536, 4096)`` product, forward-sized for a head's
-    training step, timed in both dtypes; ``"bf16"`` only if it is at least 1.3 times as
-    fast. Other devices: ``"fp32"``."""
-    import timeit
-
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
-    if dev.type != "cpu":
-        return "fp32"
-    if "cpu" not in _PROBED:
-        gen = torch.Generator().manual_seed(0)
-        x, w = torch.randn(512, 1536, generator=gen), torch.randn(4096, 1536, generator=gen)
-        best = {}
-        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-            a, b = x.to(dtype), w.to(dtype)
-            best[name] = min(timeit.repeat(lambda: F.linear(a, b), number=1, repeat=5))
-        _PROBED["cpu"] = "bf16" if best["fp32"] >= 1.3 * best["bf16"] else "fp32"
-    return _PROBED["cpu"]
 
 
 @dataclass
@@ -300,174 +149,7 @@ def draft_vocab(target: LoadedModel, data: Corpus, config: HeadConfig) -> torch.
                          fill_to=target.vocab_size if config.vocab_fill else None)
 
 
-# -- batches ---------------------------------------------------------------------------------
-
-def _windows(lengths: list[int], firsts: list[int], weights: list[float], batch_size: int, window: int,
-             generator: torch.Generator) -> list[tuple[int, int, int]]:
-    """``(sequence, start, stop)`` of ``batch_size`` random windows: a sequence is drawn in
-    proportion to ``weights``, a window covers at most ``window`` of its positions that
-    have a next token (all but the last) and reaches position ``firsts[s]`` or later."""
-    picks = torch.multinomial(torch.tensor(weights, dtype=torch.float64), batch_size, replacement=True,
-                              generator=generator).tolist()
-    out = []
-    for s in picks:
-        usable = lengths[s] - 1
-        span = min(window, usable)
-        low = min(max(firsts[s] - span + 1, 0), usable - span)
-        start = low + int(torch.randint(0, usable - span - low + 1, (1,), generator=generator))
-        out.append((s, start, start + span))
-    return out
-
-
-def _medusa_batch(features: list[torch.Tensor], data: Corpus, n_heads: int, wins) -> tuple[torch.Tensor, ...]:
-    """Features ``(B, W + K, H)`` (each window's and the K after it, where the sequence has
-    them: head ``k``'s label at position ``t`` follows the feature at ``t + k``) and labels
-    ``(B, W, K)`` (-100 = no label)."""
-    width = max(b - a for _, a, b in wins)
-    h = features[0].shape[-1]
-    feats = torch.zeros(len(wins), width + n_heads, h)
-    labels = torch.full((len(wins), width, n_heads), -100, dtype=torch.long)
-    for r, (s, a, b) in enumerate(wins):
-        seq = torch.tensor(data.sequences[s])
-        n, p = len(seq), data.prompt_lengths[s]
-        stop = min(b + n_heads, n)
-        feats[r, :stop - a] = features[s][a:stop].float()
-        for k in range(1, n_heads + 1):
-            at = torch.arange(a, b) + 1 + k  # label positions
-            ok = (at < n) & (at >= p)
-            labels[r, :b - a, k - 1] = torch.where(ok, seq[at.clamp(max=n - 1)], -100)
-    return feats, labels
-
-
-def _eagle_batch(features: list[torch.Tensor], data: Corpus, wins) -> tuple[torch.Tensor, ...]:
-    """Input features, next tokens, positions, valid ``(B, W)``, target features
-    ``(B, W, H)`` and labels ``(B, W)`` (-100 = no label) of EAGLE windows."""
-    width = max(b - a for _, a, b in wins)
-    h = features[0].shape[-1]
-    b_ = len(wins)
-    inputs = torch.zeros(b_, width, h)
-    targets = torch.zeros(b_, width, h)
-    tokens = torch.zeros(b_, width, dtype=torch.long)
-    positions = torch.zeros(b_, width, dtype=torch.long)
-    valid = torch.zeros(b_, width, dtype=torch.bool)
-    labels = torch.full((b_, width), -100, dtype=torch.long)
-    for r, (s, a, b) in enumerate(wins):
-        seq = torch.tensor(data.sequences[s])
-        n, p, m = len(seq), data.prompt_lengths[s], b - a
-        inputs[r, :m] = features[s][a:b].float()
-        targets[r, :m] = features[s][a + 1:b + 1].float()
-        tokens[r, :m] = seq[a + 1:b + 1]
-        positions[r, :m] = torch.arange(a, b)
-        positions[r, m:] = b - 1
-        valid[r, :m] = True
-        at = torch.arange(a, b) + 2
-        labels[r, :m] = torch.where((at < n) & (at >= p), seq[at.clamp(max=n - 1)], -100)
-    return inputs, tokens, positions, valid, targets, labels
-
-
-def _classification(logits: torch.Tensor, lab: torch.Tensor, teacher: torch.Tensor | None,
-                    soft: float) -> torch.Tensor:
-    """Cross-entropy of ``(M, V)`` logits against the ``(M,)`` label indices (-100 = none),
-    with share ``soft`` against the softmax of the ``(M, V)`` teacher logits at the labelled
-    rows instead."""
-    if not soft or teacher is None:
-        return F.cross_entropy(logits, lab, ignore_index=-100)
-    rows = lab != -100  # the rows the tokens' loss counts: a token to follow, inside the scored vocabulary
-    distill = F.cross_entropy(logits[rows], teacher[rows].float().softmax(-1))
-    if soft == 1:  # the tokens' loss would be weighted 0: not computed
-        return distill
-    return (1 - soft) * F.cross_entropy(logits, lab, ignore_index=-100) + soft * distill
-
-
-def _medusa_loss(heads: MedusaHeads, feats: torch.Tensor, labels: torch.Tensor,
-                 decay: float, soft: float = 0.0) -> tuple[torch.Tensor, int, int]:
-    """The decay-weighted cross-entropy of the heads (share ``soft`` of it against the
-    target's own distributions, :attr:`HeadConfig.soft_labels`), and head 1's right guesses
-    and labels."""
-    device = heads.blocks[0].weight.device
-    feats = feats.to(device)
-    width = labels.shape[1]
-    states = heads.states(feats[:, :width])  # (B, W, K, H)
-    labels = heads.label_index(labels.to(device))  # (B, W, K)
-    teacher = None
-    if soft:
-        with torch.no_grad():
-            teacher = heads.scores(feats)  # (B, W + K, V) the target's logits after each position
-    total, weights, correct, counted = 0.0, 0.0, 0, 0
-    for k in range(heads.n_heads):
-        lab = labels[:, :, k].reshape(-1)
-        count = int((lab != -100).sum())
-        if count == 0:
-            continue
-        logits = heads.scores(states[:, :, k]).reshape(lab.numel(), -1)  # (B * W, V)
-        weight = decay ** k
-        wanted = None if teacher is None else teacher[:, k + 1:k + 1 + width].reshape(lab.numel(), -1)
-        total = total + weight * _classification(logits, lab, wanted, soft)
-        weights += weight
-        if k == 0:
-            correct, counted = int((logits.argmax(-1) == lab).sum()), count
-    if not weights:
-        return torch.zeros((), device=device, requires_grad=True), 0, 0
-    return total / weights, correct, counted
-
-
-def _rollout_mask(valid: torch.Tensor, depth: int) -> torch.Tensor:
-    """``(B, W, depth x W)`` which slots the positions of draft depth ``depth`` (>= 2) may
-    attend to, the slots being the depth-1 pass's positions and then each deeper pass's:
-    position ``j`` sees the true-feature positions up to ``j - depth + 1`` (valid ones) and
-    the position of its own chain in every deeper pass (``j - depth + r`` in pass ``r``),
-    itself included."""
-    b, w = valid.shape
-    j = torch.arange(w, device=valid.device)
-    parts = [(j[None, :] <= j[:, None] - depth + 1)[None] & valid[:, None, :]]  # (B, W, W) depth 1
-    for r in range(2, depth + 1):
-        parts.append((j[None, :] == j[:, None] - depth + r)[None].expand(b, w, w))
-    return torch.cat(parts, dim=-1)
-
-
-def _eagle_loss(head: EagleHead, batch, config: HeadConfig, generator: torch.Generator | None
-                ) -> tuple[torch.Tensor, int, int]:
-    """The EAGLE loss (a weighted mean over :attr:`HeadConfig.rollout` draft depths), and the
-    depth-1 right next-token guesses and labels (no input noise without a generator)."""
-    from specviz.models.kvcache import new_cache
-    inputs, tokens, positions, valid, targets, labels = batch
-    if config.noise > 0 and generator is not None:
-        rms = inputs.pow(2).mean(-1, keepdim=True).sqrt()  # (B, W, 1)
-        inputs = inputs + (torch.rand(inputs.shape, generator=generator) * 2 - 1) * config.noise * rms
-    device = head.fc.weight.device
-    tokens, positions, ok = tokens.to(device), positions.to(device), valid.to(device)
-    targets = targets.to(device)
-    lab = head.label_index(labels.to(device))  # (B, W)
-    teacher = None
-    if config.soft_labels:
-        with torch.no_grad():  # the target's logits from its own next feature
-            teacher = head.scores(targets)  # (B, W, V)
-    depths = config.rollout
-    cache = new_cache(head) if depths > 1 else None
-    pred = head(inputs.to(device), tokens, positions, ok, cache)  # (B, W, H)
-    loss, right, count, weights = 0.0, 0, 0, 0.0
-    for depth in range(1, depths + 1):
-        if depth > 1:  # each position's input: the previous depth's prediction of its feature
-            fed = torch.cat([pred[:, :1], pred[:, :-1]], dim=1)
-            pred = head.step(fed, tokens, positions, cache, _rollout_mask(ok, depth))
-        rows = ok.clone()
-        rows[:, :depth - 1] = False  # no true feature depth - 1 positions back
-        term = config.regression_weight * F.smooth_l1_loss(pred[rows], targets[rows]) if rows.any() else 0.0
-        depth_lab = torch.where(rows, lab, -100).reshape(-1)
-        n = int((depth_lab != -100).sum())
-        if n:
-            logits = head.scores(pred).reshape(depth_lab.numel(), -1)  # (B * W, V)
-            wanted = None if teacher is None else teacher.reshape(depth_lab.numel(), -1)
-            term = term + config.classification_weight * _classification(logits, depth_lab, wanted,
-                                                                         config.soft_labels)
-            if depth == 1:
-                right, count = int((logits.argmax(-1) == depth_lab).sum()), n
-        weight = config.rollout_decay ** (depth - 1)
-        loss, weights = loss + weight * term, weights + weight
-    if not torch.is_tensor(loss):
-        loss = torch.zeros((), device=device, requires_grad=True)
-    return loss / weights, right, count
-
+# -- training steps --------------------------------------------------------------------------
 
 def _batch_loss(kind: str, module, feats: list[torch.Tensor], data: Corpus, wins, cfg: HeadConfig,
                 generator: torch.Generator | None) -> tuple[torch.Tensor, int, int]:
@@ -543,6 +225,184 @@ def _check_same_run(path: Path, found: dict, wanted: dict) -> None:
                              "give another out_dir")
 
 
+@dataclass
+class _Run:
+    """A training run in progress: the module, its optimizer and batch sampler, and what
+    a checkpoint keeps of them (step, elapsed seconds, histories, best validation weights)."""
+
+    kind: str
+    cfg: HeadConfig
+    out: Path
+    meta: dict
+    module: torch.nn.Module
+    params: list
+    optimizer: torch.optim.Optimizer
+    generator: torch.Generator
+    steps: int | None
+    minutes: float | None
+    step: int = 0
+    elapsed: float = 0.0
+    history: list = field(default_factory=list)
+    val_history: list = field(default_factory=list)
+    best: dict = field(default_factory=dict)  # step, loss and state of the lowest validation loss so far
+
+    def done(self, now_elapsed: float) -> bool:
+        """Whether the step or time budget is reached after ``now_elapsed`` seconds."""
+        return ((self.steps is not None and self.step >= self.steps)
+                or (self.minutes is not None and now_elapsed >= self.minutes * 60))
+
+    def optimizer_step(self, loss: torch.Tensor) -> None:
+        """One AdamW step on ``loss`` (gradients clipped to ``cfg.grad_clip``)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
+        self.optimizer.step()
+        self.step += 1
+
+    def evaluate(self, feats: list[torch.Tensor], data: Corpus, held: Sequence[int], firsts: list[int]) -> None:
+        """A validation pass, keeping the weights if its loss is the lowest so far."""
+        loss, acc = _validate(self.kind, self.module, feats, data, held, firsts, self.cfg)
+        self.val_history.append((self.step, loss, acc))
+        if not self.best or loss < self.best["loss"]:
+            self.best.update(step=self.step, loss=loss,
+                             state={k: v.detach().clone() for k, v in self.module.state_dict().items()})
+
+    def save(self, finished: bool, now_elapsed: float, validation: dict | None = None) -> None:
+        """The checkpoint and ``meta.json``, written atomically."""
+        loss, acc = _recent(self.history)
+        payload = {"format": _FORMAT, "meta": self.meta, "state": self.module.state_dict(),
+                   "optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state(),
+                   "step": self.step, "elapsed_s": now_elapsed, "history": [list(h) for h in self.history],
+                   "val_history": [list(h) for h in self.val_history], "best": self.best}
+        extra = {"validation": validation} if validation is not None else {}
+        _save(self.out, payload, {**self.meta, "step": self.step, "elapsed_s": round(now_elapsed, 3), "loss": loss,
+                                  "accuracy": acc, "finished": finished, "updated": time.time(), **extra})
+
+    def result(self, validation: dict | None) -> TrainResult:
+        """The finished run: the best validation weights (if any) loaded, in eval mode."""
+        if self.best:
+            self.module.load_state_dict(self.best["state"])
+        self.module.eval()
+        loss, acc = _recent(self.history)
+        return TrainResult(self.out, self.module, self.step, loss, acc, True, self.history, validation)
+
+
+def _checked_config(kind: str, target: LoadedModel, data: Corpus, minutes: float | None, steps: int | None,
+                    config: HeadConfig | None) -> HeadConfig:
+    """The configuration of a :func:`train_heads` call, its arguments checked."""
+    check_choice("kind", kind, KINDS)
+    if not isinstance(data, Corpus):
+        raise TypeError(f"data must be a specviz.heads.Corpus, got {type(data).__name__}")
+    if steps is None and minutes is None:
+        raise ValueError("give steps or minutes (or both): training runs until either is reached")
+    if steps is not None:
+        check_int("steps", steps)
+    if minutes is not None and (isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or minutes <= 0):
+        raise ValueError(f"minutes must be a number > 0, got {minutes!r}")
+    cfg = config if config is not None else HeadConfig()
+    if not isinstance(cfg, HeadConfig):
+        raise TypeError(f"config must be a HeadConfig, got {type(cfg).__name__}")
+    if cfg.vocab is not None and cfg.vocab > target.vocab_size:
+        raise ValueError(f"vocab {cfg.vocab} is larger than {target.name}'s vocabulary ({target.vocab_size})")
+    top = max(max(s) for s in data.sequences)
+    if top >= target.vocab_size:
+        raise ValueError(f"data holds token id {top}, outside {target.name}'s vocabulary ({target.vocab_size})")
+    return cfg
+
+
+def _run_meta(kind: str, target: LoadedModel, data: Corpus, cfg: HeadConfig) -> dict:
+    """What ``meta.json`` records of a run before its progress."""
+    return {"format": _FORMAT, "kind": kind, **target_meta(target), "n_heads": cfg.n_heads if kind == "medusa"
+            else None, "config": asdict(cfg), "config_hash": config_hash(kind, cfg), "data_sha256": data.sha256,
+            "data_tokens": data.tokens, "data_sequences": len(data), "features_weight_mode": target.weight_mode}
+
+
+def _start_run(kind: str, target: LoadedModel, data: Corpus, cfg: HeadConfig, out: Path, meta: dict,
+               steps: int | None, minutes: float | None) -> _Run:
+    """A new run's module, optimizer and batch sampler, resumed from ``out``'s checkpoint if
+    it has one."""
+    vocab_map = draft_vocab(target, data, cfg)
+    module = build_heads(kind, target, cfg.n_heads, vocab_map, cfg.seed, cfg.mlp_size if kind == "eagle" else None)
+    params = [p for p in module.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    run = _Run(kind, cfg, out, meta, module, params, optimizer, generator, steps, minutes)
+    ckpt = out / "checkpoint.pt"
+    if ckpt.exists():
+        saved = torch.load(ckpt, map_location="cpu", weights_only=True)
+        module.load_state_dict(saved["state"])
+        optimizer.load_state_dict(saved["optimizer"])
+        generator.set_state(saved["generator"])
+        run.step, run.elapsed = int(saved["step"]), float(saved["elapsed_s"])
+        run.history = [tuple(h) for h in saved["history"]]
+        run.val_history = [tuple(h) for h in saved.get("val_history", [])]
+        run.best = saved.get("best") or {}
+    return run
+
+
+def _sampling(kind: str, data: Corpus, cfg: HeadConfig) -> tuple[list[int], list[int], list[float], tuple[int, ...]]:
+    """The sequence lengths, the first position a window must reach in each sequence, the
+    sequences' sampling weights (0 for held-out ones) and the held-out sequences."""
+    lengths = [len(s) for s in data.sequences]
+    if kind == "medusa":  # windows that reach a position whose heads have a continuation label
+        firsts = [max(p - 1 - cfg.n_heads, 0) for p in data.prompt_lengths]
+        weights = [float(n - p) for n, p in zip(lengths, data.prompt_lengths)]
+    else:
+        firsts = [0] * len(lengths)
+        weights = [float(n - 1) for n in lengths]
+    if not any(weights):
+        raise ValueError("the data has no continuation tokens to learn from (every sequence is all prompt)")
+    held = validation_split(len(data), cfg.validation, cfg.seed)
+    weights = [0.0 if i in held else w for i, w in enumerate(weights)]
+    if not any(weights):
+        raise ValueError("the sequences left for training after the validation split have no continuation tokens; "
+                         "lower validation or add data")
+    return lengths, firsts, weights, held
+
+
+def _train_loop(run: _Run, feats: list[torch.Tensor], data: Corpus, sampling: tuple, progress: bool) -> None:
+    """Optimizer steps until the run's budget is reached, with validation passes,
+    checkpoints and a progress bar; on Ctrl-C a checkpoint (the unfinished step's batch
+    drawn again on resume) before the ``KeyboardInterrupt`` propagates."""
+    from tqdm import tqdm
+
+    lengths, firsts, weights, held = sampling
+    cfg = run.cfg
+    start = time.monotonic()
+    last_save = start
+    run.module.train()
+    bar = tqdm(initial=run.step, total=run.steps, desc=f"training {run.kind} heads", unit="step", file=sys.stderr,
+               disable=not progress, mininterval=0.5)
+    at_start = None
+    try:
+        while not run.done(run.elapsed + time.monotonic() - start):
+            at_start = run.generator.get_state()  # restored if this step is interrupted
+            wins = _windows(lengths, firsts, weights, cfg.batch_size, cfg.window, run.generator)
+            loss, right, count = _batch_loss(run.kind, run.module, feats, data, wins, cfg, run.generator)
+            run.optimizer_step(loss)
+            at_start = None
+            run.history.append((run.step, float(loss.detach()), right / count if count else float("nan")))
+            if held and run.step % cfg.eval_every == 0:
+                run.evaluate(feats, data, held, firsts)
+            bar.update(1)
+            bar.set_postfix(loss=f"{run.history[-1][1]:.3f}", acc=f"{run.history[-1][2]:.3f}", refresh=False,
+                            **({"val_acc": f"{run.val_history[-1][2]:.3f}"} if run.val_history else {}))
+            if time.monotonic() - last_save >= cfg.checkpoint_minutes * 60:
+                run.save(False, run.elapsed + time.monotonic() - start)
+                last_save = time.monotonic()
+    except KeyboardInterrupt:
+        if at_start is not None:  # the unfinished step's batch is drawn again on resume
+            run.generator.set_state(at_start)
+        run.save(False, run.elapsed + time.monotonic() - start)
+        bar.close()
+        print(f"\ninterrupted at step {run.step}; the checkpoint in {run.out} keeps it: run the same command to "
+              "resume", file=sys.stderr)
+        raise
+    bar.close()
+    run.elapsed += time.monotonic() - start
+
+
 def train_heads(kind: str, target: LoadedModel, data: Corpus, *, minutes: float | None = None,
                 steps: int | None = None, out_dir: str | os.PathLike | None = None,
                 config: HeadConfig | None = None, features: str | os.PathLike | None = None,
@@ -574,146 +434,31 @@ def train_heads(kind: str, target: LoadedModel, data: Corpus, *, minutes: float 
         ValueError: an unknown kind, neither ``steps`` nor ``minutes``, a reduced
             vocabulary larger than the target's, or an ``out_dir`` holding another run.
     """
-    from tqdm import tqdm
-
-    check_choice("kind", kind, KINDS)
-    if not isinstance(data, Corpus):
-        raise TypeError(f"data must be a specviz.heads.Corpus, got {type(data).__name__}")
-    if steps is None and minutes is None:
-        raise ValueError("give steps or minutes (or both): training runs until either is reached")
-    if steps is not None:
-        check_int("steps", steps)
-    if minutes is not None and (isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or minutes <= 0):
-        raise ValueError(f"minutes must be a number > 0, got {minutes!r}")
-    cfg = config if config is not None else HeadConfig()
-    if not isinstance(cfg, HeadConfig):
-        raise TypeError(f"config must be a HeadConfig, got {type(cfg).__name__}")
-    if cfg.vocab is not None and cfg.vocab > target.vocab_size:
-        raise ValueError(f"vocab {cfg.vocab} is larger than {target.name}'s vocabulary ({target.vocab_size})")
-    top = max(max(s) for s in data.sequences)
-    if top >= target.vocab_size:
-        raise ValueError(f"data holds token id {top}, outside {target.name}'s vocabulary ({target.vocab_size})")
+    cfg = _checked_config(kind, target, data, minutes, steps, config)
     out = Path(out_dir) if out_dir is not None else heads_dir(target.name, kind, cfg, data.sha256,
                                                                     weight_mode=target.weight_mode)
-    meta = {"format": _FORMAT, "kind": kind, **target_meta(target), "n_heads": cfg.n_heads if kind == "medusa"
-            else None, "config": asdict(cfg), "config_hash": config_hash(kind, cfg), "data_sha256": data.sha256,
-            "data_tokens": data.tokens, "data_sequences": len(data), "features_weight_mode": target.weight_mode}
+    meta = _run_meta(kind, target, data, cfg)
     if (out / "meta.json").exists():
         _check_same_run(out, json.loads((out / "meta.json").read_text()), meta)
-
-    vocab_map = draft_vocab(target, data, cfg)
-    module = build_heads(kind, target, cfg.n_heads, vocab_map, cfg.seed, cfg.mlp_size if kind == "eagle" else None)
-    params = [p for p in module.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    generator = torch.Generator().manual_seed(cfg.seed)
-    step, elapsed, history, val_history = 0, 0.0, [], []
-    best: dict = {}  # step, loss and state of the lowest validation loss so far
-    ckpt = out / "checkpoint.pt"
-    if ckpt.exists():
-        saved = torch.load(ckpt, map_location="cpu", weights_only=True)
-        module.load_state_dict(saved["state"])
-        optimizer.load_state_dict(saved["optimizer"])
-        generator.set_state(saved["generator"])
-        step, elapsed = int(saved["step"]), float(saved["elapsed_s"])
-        history = [tuple(h) for h in saved["history"]]
-        val_history = [tuple(h) for h in saved.get("val_history", [])]
-        best = saved.get("best") or {}
-
-    def done(now_elapsed: float) -> bool:
-        return (steps is not None and step >= steps) or (minutes is not None and now_elapsed >= minutes * 60)
-
-    if done(elapsed):  # a finished run: nothing to extract or train
-        if best:
-            module.load_state_dict(best["state"])
-        module.eval()
-        loss, acc = _recent(history)
+    run = _start_run(kind, target, data, cfg, out, meta, steps, minutes)
+    if run.done(run.elapsed):  # a finished run: nothing to extract or train
         finished_meta = json.loads((out / "meta.json").read_text()) if (out / "meta.json").exists() else {}
-        return TrainResult(out, module, step, loss, acc, True, history, finished_meta.get("validation"))
+        return run.result(finished_meta.get("validation"))
 
     feat_dir = Path(features) if features is not None else features_dir(target.name, data.sha256,
                                                                              weight_mode=target.weight_mode)
     extract_features(target, data.sequences, feat_dir, sha256=data.sha256, dtype=cfg.feature_dtype,
                      progress=progress, kept=data.features)
     feats = load_features(feat_dir, sha256=data.sha256)
-    lengths = [len(s) for s in data.sequences]
-    if kind == "medusa":  # windows that reach a position whose heads have a continuation label
-        firsts = [max(p - 1 - cfg.n_heads, 0) for p in data.prompt_lengths]
-        weights = [float(n - p) for n, p in zip(lengths, data.prompt_lengths)]
-    else:
-        firsts = [0] * len(lengths)
-        weights = [float(n - 1) for n in lengths]
-    if not any(weights):
-        raise ValueError("the data has no continuation tokens to learn from (every sequence is all prompt)")
-    held = validation_split(len(data), cfg.validation, cfg.seed)
-    weights = [0.0 if i in held else w for i, w in enumerate(weights)]
-    if not any(weights):
-        raise ValueError("the sequences left for training after the validation split have no continuation tokens; "
-                         "lower validation or add data")
-
-    def save(finished: bool, now_elapsed: float, validation: dict | None = None) -> None:
-        loss, acc = _recent(history)
-        payload = {"format": _FORMAT, "meta": meta, "state": module.state_dict(), "optimizer": optimizer.state_dict(),
-                   "generator": generator.get_state(), "step": step, "elapsed_s": now_elapsed,
-                   "history": [list(h) for h in history], "val_history": [list(h) for h in val_history],
-                   "best": best}
-        extra = {"validation": validation} if validation is not None else {}
-        _save(out, payload, {**meta, "step": step, "elapsed_s": round(now_elapsed, 3), "loss": loss,
-                             "accuracy": acc, "finished": finished, "updated": time.time(), **extra})
-
-    def evaluate() -> None:
-        loss, acc = _validate(kind, module, feats, data, held, firsts, cfg)
-        val_history.append((step, loss, acc))
-        if not best or loss < best["loss"]:
-            best.update(step=step, loss=loss, state={k: v.detach().clone() for k, v in module.state_dict().items()})
-
-    start = time.monotonic()
-    last_save = start
-    module.train()
-    bar = tqdm(initial=step, total=steps, desc=f"training {kind} heads", unit="step", file=sys.stderr,
-               disable=not progress, mininterval=0.5)
-    at_start = None
-    try:
-        while not done(elapsed + time.monotonic() - start):
-            at_start = generator.get_state()  # restored if this step is interrupted
-            wins = _windows(lengths, firsts, weights, cfg.batch_size, cfg.window, generator)
-            loss, right, count = _batch_loss(kind, module, feats, data, wins, cfg, generator)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-            optimizer.step()
-            step += 1
-            at_start = None
-            history.append((step, float(loss.detach()), right / count if count else float("nan")))
-            if held and step % cfg.eval_every == 0:
-                evaluate()
-            bar.update(1)
-            bar.set_postfix(loss=f"{history[-1][1]:.3f}", acc=f"{history[-1][2]:.3f}", refresh=False,
-                            **({"val_acc": f"{val_history[-1][2]:.3f}"} if val_history else {}))
-            if time.monotonic() - last_save >= cfg.checkpoint_minutes * 60:
-                save(False, elapsed + time.monotonic() - start)
-                last_save = time.monotonic()
-    except KeyboardInterrupt:
-        if at_start is not None:  # the unfinished step's batch is drawn again on resume
-            generator.set_state(at_start)
-        save(False, elapsed + time.monotonic() - start)
-        bar.close()
-        print(f"\ninterrupted at step {step}; the checkpoint in {out} keeps it: run the same command to resume",
-              file=sys.stderr)
-        raise
-    bar.close()
-    elapsed += time.monotonic() - start
+    lengths, firsts, weights, held = _sampling(kind, data, cfg)
+    _train_loop(run, feats, data, (lengths, firsts, weights, held), progress)
     validation = None
     if held:
-        if not val_history or val_history[-1][0] != step:
-            evaluate()
-        validation = _validation_summary(kind, module, best, val_history, feats, data, held)
-    save(True, elapsed, validation)
-    if best:
-        module.load_state_dict(best["state"])
-    module.eval()
-    loss, acc = _recent(history)
-    return TrainResult(out, module, step, loss, acc, True, history, validation)
+        if not run.val_history or run.val_history[-1][0] != run.step:
+            run.evaluate(feats, data, held, firsts)
+        validation = _validation_summary(kind, run.module, run.best, run.val_history, feats, data, held)
+    run.save(True, run.elapsed, validation)
+    return run.result(validation)
 
 
 def _validation_summary(kind: str, module, best: dict, val_history: list, feats: list[torch.Tensor], data: Corpus,

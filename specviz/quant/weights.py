@@ -30,9 +30,9 @@ Every entry point names the mode ``dtype`` (``--dtype`` on the command lines; th
 ``draft_dtype`` / ``--draft-dtype``) and parses it with :func:`parse_weight_mode`. ``auto``,
 the fastest mode that passes the accuracy bar on the machine, is resolved by
 :func:`specviz.bench.auto.resolve_auto` (the study's quick preset and ``--dtype auto``). The
-library, and every command that writes data other runs build on or compare against (trained
-heads, draft vocabularies, the explorer's recordings, the exactness checks), default to
-``fp32``, the reference; the benchmark defaults to ``bf16``.
+library and every command (the benchmark, the study's notebooks, the checks, trained heads,
+draft vocabularies, the explorer) default to ``fp32``, the reference; a faster mode is
+always asked for by name or as ``auto``.
 
 :func:`quantize_model` replaces every ``nn.Linear`` of a transformers model (attention and
 MLP projections and the LM head) in place. A tied LM head gets its own converted copy; the

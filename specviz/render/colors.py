@@ -3,7 +3,7 @@
 :func:`strategy_color` maps a strategy's name to a ``#RRGGBB`` colour by its family, so
 "chain" in the acceptance study, ``chain-k4`` in the benchmark and "chain" in the report
 are drawn alike. Names are read in every spelling specviz uses: the registry's
-(``chain-k4``, ``tree-2x2x1``, ``tree-k4-d3-n16``, ``dynamic-k4-d5-n16``, ``ngram``,
+(``chain-k4``, ``tree-2x2x1``, ``tree-w4-d3-b16``, ``dynamic-w4-d5-b16``, ``ngram``,
 ``ngram-trie``, ``jacobi-k5``, ``lookahead-w5-n4-g5``, ``self-spec-L12``, ...), the
 benchmark's peers (``plain``, ``hf-assisted``, ``hf-prompt-lookup``, ``llama-spec``, ...)
 and the notebooks' display names ("2-ary", "4-ary", "expansion-3-2-1", "sequoia",
@@ -61,13 +61,13 @@ _FAMILY_PATTERNS: tuple[tuple[str, re.Pattern], ...] = tuple((f, re.compile(p)) 
     ("dynamic", r"^(dynamic|eagle)"),
     ("sequoia", r"^sequoia\b"),
     ("expansion", r"^(expansion\b|tree-\d+(x\d+)*$)"),
-    ("k-ary", r"^(\d+-ary\b|tree-k\d+)"),
+    ("k-ary", r"^(\d+-ary\b|tree-w\d+)"),
     ("chain", r"^chain\b"),
     ("lookahead", r"^lookahead\b"),
     ("jacobi", r"^jacobi\b"),
     ("merged", r"^merged\b"),
 ))
-_WIDTH = re.compile(r"^(?:(\d+)-ary|tree-k(\d+))")
+_WIDTH = re.compile(r"^(?:(\d+)-ary|tree-w(\d+))")
 
 
 def _check_name(name: object) -> str:

@@ -8,13 +8,14 @@ watch the draft trees, their acceptance and the statistics follow.
     explore(model="builtin")       # live: Qwen2.5-Coder 1.5B target + 0.5B draft
     explore(model="tiny")          # live on a random tiny pair: instant, gibberish text
 
-Controls: a prompt box, the strategy (chain / static shape / dynamic / n-gram / adaptive
-n-gram (prompt lookup whose chain length is chosen every step for expected throughput) /
-cascade (prompt lookup where it finds a match, else the draft model's chain: ``fallback``) /
-switch (each step the lookup's or the draft model's chain, whichever promises more tokens
-per second) / lookahead, and the trained heads: a Medusa tree, an EAGLE-2 tree, and "eagle + lookup"
-(prompt lookup's chain of up to ``depth`` tokens and the EAGLE-2 tree in one budget: ``merged-b<N>``),
-which draft with the heads ``python -m specviz.heads train`` left in the specviz cache, or those
+Controls: a prompt box, the strategy (a family of :mod:`specviz.draft.registry`, shown with a
+description: chain / tree / dynamic / ngram-trie / ngram-adaptive (prompt lookup whose chain
+length is chosen every step for expected throughput) / fallback (prompt lookup where it finds
+a match, else the draft model's chain) / switch (each step the lookup's or the draft model's
+chain, whichever promises more tokens per second) / lookahead, and the trained heads: a
+Medusa tree, an EAGLE-2 tree, and merged (prompt lookup's chain of up to ``depth`` tokens and
+the EAGLE-2 tree in one budget), which draft with the heads ``python -m specviz.heads train``
+left in the specviz cache, or those
 ``$SPECVIZ_HEADS`` names), tree width (top-k), depth and budget, temperature, and a step slider
 that scrubs through the generation's steps. Everything drawn comes from :mod:`specviz.render`, the same
 functions the static figures use; this module only maps settings to a strategy name of
@@ -70,6 +71,7 @@ from specviz.render.explorer_settings import (
     CHAINS,
     DEFAULT_PROMPT,
     DEPTH_RANGE,
+    DESCRIPTIONS,
     SLIDER_LABELS,
     STRATEGIES,
     TEMPERATURE_RANGE,
@@ -182,7 +184,8 @@ class Explorer:
         and the progress bar; ``w`` is the ``ipywidgets`` module."""
         self.prompt = w.Textarea(value=settings.prompt, description="prompt", continuous_update=False,
                                  layout=w.Layout(width="100%", height="4em"))
-        self.strategy = w.Dropdown(options=STRATEGIES, value=settings.strategy, description="strategy")
+        self.strategy = w.Dropdown(options=[(f"{name}: {DESCRIPTIONS[name]}", name) for name in STRATEGIES],
+                                   value=settings.strategy, description="strategy")
         slider = dict(continuous_update=False, style={"description_width": "7em"})
         self.width = w.IntSlider(value=settings.width, min=WIDTH_RANGE[0], max=WIDTH_RANGE[1],
                                  description="width (top-k)", **slider)
@@ -533,7 +536,7 @@ def _load(model: str | ModelPair, dtype: str | None, device: str | None,
     if model == "tiny":
         return tiny_pair(seed=0, dtype=dtype or "fp32", device=device or "cpu", draft_dtype=draft_dtype)
     if model == "builtin":
-        return load_pair(dtype=dtype or "bf16", device=device, draft_dtype=draft_dtype)
+        return load_pair(dtype=dtype or "fp32", device=device, draft_dtype=draft_dtype)
     raise ValueError(f"model must be one of {MODELS} or a ModelPair, got {model!r}")
 
 
@@ -555,8 +558,7 @@ def explore(model: str | ModelPair = "replay", prompt: str = DEFAULT_PROMPT, *, 
         max_new_tokens: tokens generated per setting (replay: the recording's, 24).
         seed: random seed of drafting and verification.
         dtype: weight mode of a model given by name (``fp32``, ``bf16``, ``w8a8-token``,
-            ...); None: bf16 for the builtin pair, fp32 for the tiny one, the recording's
-            (fp32) in replay mode, which accepts no other.
+            ...); None: fp32 (the recording's, in replay mode, which accepts no other).
         draft_dtype: the draft's weight mode when it differs from ``dtype`` (e.g.
             ``w4a8-token``: a 4-bit draft, with fused layers on the CPU; what it proposes
             changes, what is accepted does not); None: ``dtype``. Not in replay mode.

@@ -18,6 +18,7 @@ No tensors appear here: a generation's tensors live in its
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Callable, Mapping
 
@@ -32,6 +33,7 @@ from specviz.validate import check_choice, check_int
 
 __all__ = [
     "STRATEGIES",
+    "DESCRIPTIONS",
     "SLIDER_LABELS",
     "CHAINS",
     "DEFAULT_PROMPT",
@@ -49,28 +51,36 @@ __all__ = [
 #: the dropdown's strategy labels and the registry name each stands for, given the sliders
 _REGISTRY_NAMES: dict[str, Callable[["ExplorerSettings"], str]] = {
     "chain": lambda s: f"chain-k{s.depth}",
-    "static shape": lambda s: f"tree-k{s.width}-d{s.depth}-n{s.budget}",
-    "dynamic": lambda s: f"dynamic-k{s.width}-d{s.depth}-n{s.budget}",
-    "n-gram": lambda s: f"ngram-trie-n3-d{s.depth}-b{s.budget}-m{s.width}",
-    "adaptive n-gram": lambda s: f"ngram-adaptive-n{s.width}-k{s.depth}",
-    "cascade": lambda s: f"fallback-ngram-n{max(3, s.width)}-k{s.depth}-min{s.width}+chain-k{s.depth}",
+    "tree": lambda s: f"tree-w{s.width}-d{s.depth}-b{s.budget}",
+    "dynamic": lambda s: f"dynamic-w{s.width}-d{s.depth}-b{s.budget}",
+    "ngram-trie": lambda s: f"ngram-trie-n3-d{s.depth}-b{s.budget}-m{s.width}",
+    "ngram-adaptive": lambda s: f"ngram-adaptive-n{s.width}-k{s.depth}",
+    "fallback": lambda s: f"fallback-ngram-n{max(3, s.width)}-k{s.depth}-min{s.width}+chain-k{s.depth}",
     "switch": lambda s: f"switch-ngram-adaptive-n{s.width}-k{s.depth}+chain-k{s.depth}",
     "lookahead": lambda s: f"lookahead-w{s.width}-n{s.depth + 1}-g{s.budget}",
-    "medusa": lambda s: f"medusa-k{s.width}-d{s.depth}-n{s.budget}",
-    "eagle": lambda s: f"eagle-k{s.width}-d{s.depth}-n{s.budget}",
-    "eagle + lookup": lambda s: f"merged-b{s.budget}-ngram-n3-k{s.depth}+eagle-k{s.width}-d{s.depth}-n{s.budget}",
+    "medusa": lambda s: f"medusa-w{s.width}-d{s.depth}-b{s.budget}",
+    "eagle": lambda s: f"eagle-w{s.width}-d{s.depth}-b{s.budget}",
+    "merged": lambda s: f"merged-b{s.budget}-ngram-n3-k{s.depth}+eagle-w{s.width}-d{s.depth}-b{s.budget}",
+}
+#: what the dropdown shows beside each family name
+DESCRIPTIONS: dict[str, str] = {
+    "chain": "draft-model chain", "tree": "static draft-model tree", "dynamic": "EAGLE-2 draft-model tree",
+    "ngram-trie": "prompt-lookup trie", "ngram-adaptive": "prompt lookup, adaptive length",
+    "fallback": "prompt lookup, else the draft model", "switch": "lookup or draft model, by throughput",
+    "lookahead": "lookahead decoding", "medusa": "trained Medusa heads", "eagle": "trained EAGLE head",
+    "merged": "prompt lookup + EAGLE head, one tree",
 }
 #: slider labels (width, depth, budget) per strategy, where they differ from the trees'
 SLIDER_LABELS: dict[str, tuple[str, str, str]] = {
-    "n-gram": ("matches", "depth", "budget"),
-    "adaptive n-gram": ("match n", "max length", "budget"),
-    "cascade": ("min match", "length", "budget"),
+    "ngram-trie": ("matches", "depth", "budget"),
+    "ngram-adaptive": ("match n", "max length", "budget"),
+    "fallback": ("min match", "length", "budget"),
     "switch": ("match n", "length", "budget"),
     "lookahead": ("window W", "guess N-1", "guesses G"),
 }
 #: strategies that draft one chain of at most ``depth`` tokens and ignore the budget
-CHAINS = ("chain", "adaptive n-gram", "cascade", "switch")
-#: strategy labels shown in the dropdown
+CHAINS = ("chain", "ngram-adaptive", "fallback", "switch")
+#: the dropdown's strategies: registry family names, each standing for a name given the sliders
 STRATEGIES: tuple[str, ...] = tuple(_REGISTRY_NAMES)
 #: the explorer's initial prompt
 DEFAULT_PROMPT = "def fibonacci(n):"
@@ -89,15 +99,13 @@ class ExplorerSettings:
     Attributes:
         prompt: the user prompt (the chat template is applied).
         strategy: one of :data:`STRATEGIES`.
-        width: top-k, children per node (static shape, dynamic, medusa, eagle, eagle +
-            lookup), merged matches (n-gram), the longest match n (adaptive n-gram,
-            switch), the shortest match prompt lookup drafts from (cascade) or the
-            window's width W (lookahead).
-        depth: draft depth (the chain length for "chain", and for both parts of "cascade",
-            "switch" and "eagle + lookup"; a guess's length N - 1 for lookahead).
-        budget: maximum draft nodes per step (static shape, dynamic, n-gram, the trees of
-            the heads, shared by both parts of "eagle + lookup") or guesses per step G
-            (lookahead).
+        width: children per node (tree, dynamic, medusa, eagle, merged), merged matches
+            (ngram-trie), the longest match n (ngram-adaptive, switch), the shortest match
+            prompt lookup drafts from (fallback) or the window's width W (lookahead).
+        depth: draft depth (the chain length for "chain", and for both parts of
+            "fallback", "switch" and "merged"; a guess's length N - 1 for lookahead).
+        budget: maximum draft nodes per step (tree, dynamic, ngram-trie, the trees of the
+            heads, shared by both parts of "merged") or guesses per step G (lookahead).
         temperature: 0 = greedy; > 0 samples, verified losslessly.
         max_new_tokens: tokens to generate.
         seed: seeds drafting and verification.
@@ -134,22 +142,22 @@ class ExplorerSettings:
     def canonical(self) -> "ExplorerSettings":
         """The same generation with settings the strategy ignores fixed, so that settings
         that differ only there share one cache entry: a chain ignores width and budget (the
-        adaptive n-gram chain its budget), and
-        a budget above the nodes a static shape or a dynamic tree can propose (``width ** 1
+        ngram-adaptive chain its budget), and
+        a budget above the nodes a static tree or a dynamic tree can propose (``width ** 1
         + ... + width ** depth``; ``width + (depth - 1) * width ** 2`` for EAGLE-2's
-        frontier of ``width`` nodes, plus the lookup chain's ``depth`` for "eagle +
-        lookup") keeps them all, as that number does."""
+        frontier of ``width`` nodes, plus the lookup chain's ``depth`` for "merged")
+        keeps them all, as that number does."""
         temperature = round(float(self.temperature), 6)
         if self.strategy == "chain":
             return replace(self, width=1, budget=self.depth, temperature=temperature)
         if self.strategy in CHAINS:
             return replace(self, budget=self.depth, temperature=temperature)
-        if self.strategy in ("static shape", "medusa"):
+        if self.strategy in ("tree", "medusa"):
             full = sum(self.width ** d for d in range(1, self.depth + 1))
             return replace(self, budget=min(self.budget, full), temperature=temperature)
-        if self.strategy in ("dynamic", "eagle", "eagle + lookup"):
+        if self.strategy in ("dynamic", "eagle", "merged"):
             pool = self.width + (self.depth - 1) * self.width ** 2
-            if self.strategy == "eagle + lookup":  # lookup's chain of ``depth`` comes first
+            if self.strategy == "merged":  # lookup's chain of ``depth`` comes first
                 pool += self.depth
             return replace(self, budget=min(self.budget, pool), temperature=temperature)
         return replace(self, temperature=temperature)
@@ -172,7 +180,8 @@ class ExplorerSettings:
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> "ExplorerSettings":
-        """Settings from :meth:`to_dict`'s plain data.
+        """Settings from :meth:`to_dict`'s plain data; a strategy under a former label
+        (``"cascade"``, ...) reads as its family name (:data:`specviz.draft.registry.OLD_NAMES`).
 
         Raises:
             ValueError: a missing, unknown or out-of-range field.
@@ -183,6 +192,11 @@ class ExplorerSettings:
         unknown, missing = sorted(set(raw) - names), sorted(names - set(raw))
         if unknown or missing:
             raise ValueError(f"settings {dict(raw)} have unknown fields {unknown} / lack fields {missing}")
+        strategy = raw["strategy"]
+        if isinstance(strategy, str) and strategy not in STRATEGIES and registry.current_name(strategy) in STRATEGIES:
+            raw = {**raw, "strategy": registry.current_name(strategy)}
+            warnings.warn(f"explorer settings: the former strategy label {strategy!r} read as {raw['strategy']!r}",
+                          stacklevel=2)
         return cls(**raw)
 
 

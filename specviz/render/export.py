@@ -77,7 +77,7 @@ def save_example_tree(path: str | Path = README_FIGURE, pair: "ModelPair | None"
 
     Args:
         path: where the PNG goes (default ``outputs/reference/draft_tree.png``).
-        pair: target and draft models (default: the built-in Qwen2.5-Coder pair, bf16).
+        pair: target and draft models (default: the built-in Qwen2.5-Coder pair, fp32).
         branching: SpecInfer expansion config of the draft tree.
         prompt: the user prompt.
         max_new_tokens: tokens generated to find a telling step.
@@ -91,7 +91,7 @@ def save_example_tree(path: str | Path = README_FIGURE, pair: "ModelPair | None"
     from specviz.models.loading import load_pair
     from specviz.tree.shapes import expansion
 
-    pair = load_pair(dtype="bf16") if pair is None else pair
+    pair = load_pair(dtype="fp32") if pair is None else pair
     drafter = TreeDrafter(pair.draft, expansion(branching))
     result = speculative_generate(pair.target, drafter, prompt, max_new_tokens=max_new_tokens)
     step = result.steps[representative_step(result)]

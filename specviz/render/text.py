@@ -1,8 +1,7 @@
 """Token text as the pictures show it: readable labels and text that plotly shows as written.
 
 Every renderer of :mod:`specviz.render` writes its tokens, hovers, titles and tick labels
-through these functions (re-exported by :mod:`specviz.render.trees`, where they lived
-first):
+through these functions (re-exported by :mod:`specviz.render.trees`):
 
 * :func:`escape_token` - a token's text with whitespace and control characters made
   visible and cut to a label's length;

@@ -108,7 +108,7 @@ _QUICK_RUNS = (
     NotebookRun(_TIMING, {"batch_sizes": [1, 2, 4], "prefix_lens": [128, 512, 1024],
                           "budgets": [4, 8, 16, 32, 64], "warmup": 2, "repeats": 5}),
     NotebookRun(_SPEED, {"prompt_limit": 2, "max_new_tokens": 32,
-                         "methods": ["chain-k4", "dynamic-k4-d5-n16", "ngram", "switch"],
+                         "methods": ["chain-k4", "dynamic-w4-d5-b16", "ngram", "switch"],
                          "sequoia_budgets": [8], "cost_sizes": [1, 2, 4, 8, 16, 64], "profile_tokens": 8,
                          "probe_dtypes": [], "threads": 0}),
     NotebookRun(_LOOKAHEAD, {"prompt_limit": 2, "max_new_tokens": 32, "sweep_windows": [5], "sweep_ngrams": [4],
@@ -125,35 +125,53 @@ _STANDARD_ACCEPTANCE = {"prompt_limit": 0, "max_new_tokens": 128, "budgets": [4,
                         "threads": 0, "reference_batch": 63, "dynamic_prompts": 21, "dynamic_batch": 21,
                         "cross_check": False, "sampled_prompts": 4, "sampled_stride": 32}
 
-#: The presets, by name. ``smoke`` is the smallest run of every notebook (the tests use
-#: it; its notebooks use all of torch's threads, as it times nothing worth keeping),
-#: ``quick`` the default study, ``standard`` quick with the acceptance study (03) on every
+#: Every notebook at its smallest size, the report last (``smoke``, and ``tiny`` on the tiny pair).
+_SMOKE_RUNS = (
+    NotebookRun(_QUICKSTART, {"max_new_tokens": 8, "tree_branching": [2, 1], "threads": 0}),
+    NotebookRun(_TREES),
+    NotebookRun(_ACCEPTANCE, {"prompt_limit": 1, "max_new_tokens": 8, "budgets": [4], "layer_sweep": [],
+                              "cross_check": False, "sampled_budget": 4, "sampled_stride": 8, "threads": 0}),
+    NotebookRun(_RULES, {"trials": 100, "expected_trees": 10, "real_max_new_tokens": 8,
+                         "real_temperatures": [0.0, 1.0], "real_tree_branching": [2, 1],
+                         "real_chain_length": 2}),
+    NotebookRun(_TIMING, {"batch_sizes": [1], "prefix_lens": [16], "budgets": [8],
+                          "warmup": 0, "repeats": 1}),
+    NotebookRun(_SPEED, {"max_new_tokens": 8, "methods": ["chain-k2", "ngram"], "sequoia_budgets": [4],
+                         "cost_sizes": [1, 4], "cost_prefix": 32, "cost_repeats": 1, "plan_budgets": [1, 2, 4],
+                         "plan_depths": [1, 2], "probe_dtypes": [],
+                         "profiled": ["chain-k2"], "profile_tokens": 4, "threads": 0}),
+    NotebookRun(_LOOKAHEAD, {"max_new_tokens": 8, "sweep_windows": [5], "sweep_ngrams": [4],
+                             "sweep_guesses": [5], "context_pool": False, "others": ["ngram"],
+                             "cost_sizes": [1, 16], "cost_prefix": 32, "cost_repeats": 1, "lab_trials": 200,
+                             "threads": 0}),
+    NotebookRun(_HEADS, {"max_new_tokens": 8, "train_prompts": 1, "train_tasks": 2, "train_tokens": 16,
+                         "train_steps": 5, "budgets": [4], "others": [], "timed": False, "threads": 0}),
+    NotebookRun(_REPORT),
+)
+
+#: Notebooks that take ``models="tiny"`` (the random tiny pair instead of the built-in one), with
+#: what else they need on its 2 layers
+_TINY_CAPABLE: Mapping[str, Mapping[str, Any]] = {_ACCEPTANCE: {"self_spec_layers": 1}, _RULES: {}, _SPEED: {},
+                                                  _LOOKAHEAD: {}, _HEADS: {"vocab": 0}}
+
+
+def _on_tiny_models(runs: tuple[NotebookRun, ...]) -> tuple[NotebookRun, ...]:
+    """``runs`` with every notebook that can use it on the random tiny pair."""
+    return tuple(NotebookRun(r.notebook, {**r.parameters, "models": "tiny", **_TINY_CAPABLE[r.notebook]})
+                 if r.notebook in _TINY_CAPABLE else r for r in runs)
+
+
+#: The presets, by name. ``smoke`` is the smallest run of every notebook (its notebooks use all of
+#: torch's threads, as it times nothing worth keeping), ``tiny`` smoke on the random tiny pair
+#: wherever a notebook can use it (the tests run it), ``quick`` the default study, ``standard`` quick with the acceptance study (03) on every
 #: prompt x 128 tokens (the committed reference results), ``full`` everything at full
 #: size. The notebooks run in the order of their numbers except the report (08), which runs
 #: last, after 09 and 10, and reads the tables of all the others.
 PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
-    Preset("smoke", "every notebook at its smallest size: checks an installation in a few minutes", (
-        NotebookRun(_QUICKSTART, {"max_new_tokens": 8, "tree_branching": [2, 1], "threads": 0}),
-        NotebookRun(_TREES),
-        NotebookRun(_ACCEPTANCE, {"prompt_limit": 1, "max_new_tokens": 8, "budgets": [4], "layer_sweep": [],
-                                  "cross_check": False, "sampled_budget": 4, "sampled_stride": 8, "threads": 0}),
-        NotebookRun(_RULES, {"trials": 100, "expected_trees": 10, "real_max_new_tokens": 8,
-                             "real_temperatures": [0.0, 1.0], "real_tree_branching": [2, 1],
-                             "real_chain_length": 2}),
-        NotebookRun(_TIMING, {"batch_sizes": [1], "prefix_lens": [16], "budgets": [8],
-                              "warmup": 0, "repeats": 1}),
-        NotebookRun(_SPEED, {"max_new_tokens": 8, "methods": ["chain-k2", "ngram"], "sequoia_budgets": [4],
-                             "cost_sizes": [1, 4], "cost_prefix": 32, "cost_repeats": 1, "plan_budgets": [1, 2, 4],
-                             "plan_depths": [1, 2], "probe_dtypes": [],
-                             "profiled": ["chain-k2"], "profile_tokens": 4, "threads": 0}),
-        NotebookRun(_LOOKAHEAD, {"max_new_tokens": 8, "sweep_windows": [5], "sweep_ngrams": [4],
-                                 "sweep_guesses": [5], "context_pool": False, "others": ["ngram"],
-                                 "cost_sizes": [1, 16], "cost_prefix": 32, "cost_repeats": 1, "lab_trials": 200,
-                                 "threads": 0}),
-        NotebookRun(_HEADS, {"max_new_tokens": 8, "train_prompts": 1, "train_tasks": 2, "train_tokens": 16,
-                             "train_steps": 5, "budgets": [4], "others": [], "timed": False, "threads": 0}),
-        NotebookRun(_REPORT),
-    ), report="08_report"),
+    Preset("smoke", "every notebook at its smallest size: checks an installation in a few minutes", _SMOKE_RUNS,
+           report="08_report"),
+    Preset("tiny", "smoke on the random tiny pair wherever a notebook can use it (01 keeps the built-in pair): "
+           "checks the pipeline in about two minutes", _on_tiny_models(_SMOKE_RUNS), report="08_report"),
     Preset("quick", "the default study, in auto's weight mode (the speed notebook's draft in w4a8-token beside a "
            "w8a8-token target): 10-12 minutes on a 2-core CPU in w8a8-token once the models are converted (28 in "
            "fp32), plus auto's one-time probe of the machine", _QUICK_RUNS,
@@ -174,15 +192,15 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
                               "budgets": [4, 8, 16, 32, 64, 128], "warmup": 3, "repeats": 10}),
         NotebookRun(_SPEED, {"prompt_limit": 7, "max_new_tokens": 128,
                              "methods": ["chain-k2", "chain-k2-v32768", "chain-k4", "chain-k8", "tree-2x2x1",
-                                         "dynamic-k4-d5-n16", "adaptive", "ngram", "ngram-trie", "merged", "switch",
+                                         "dynamic-w4-d5-b16", "adaptive", "ngram", "ngram-trie", "merged", "switch",
                                          "self-spec-L24-k2"],
-                             "sequoia_budgets": [4, 8, 16, 32], "cost_sizes": [1, 2, 4, 8, 16, 32, 64, 128],
+                             "sequoia_budgets": [4, 8, 16, 32], "probe_dtypes": ["bf16"], "cost_sizes": [1, 2, 4, 8, 16, 32, 64, 128],
                              "cost_repeats": 3, "profiled": ["specviz-plain", "chain-k2", "chain-k4",
-                                                             "dynamic-k4-d5-n16", "ngram", "merged"],
+                                                             "dynamic-w4-d5-b16", "ngram", "merged"],
                              "profile_tokens": 64}),
         NotebookRun(_LOOKAHEAD, {"prompt_limit": 14, "max_new_tokens": 128, "sweep_windows": [3, 5, 7, 10],
                                  "sweep_ngrams": [3, 4, 5], "sweep_guesses": [2, 5, 10], "sweep_prompts": 2,
-                                 "others": ["ngram", "ngram-trie", "chain-k4", "dynamic-k4-d5-n16", "jacobi-k5"],
+                                 "others": ["ngram", "ngram-trie", "chain-k4", "dynamic-w4-d5-b16", "jacobi-k5"],
                                  "cost_sizes": [1, 2, 4, 8, 16, 32, 64], "cost_repeats": 3, "lab_trials": 10000}),
         NotebookRun(_HEADS, {"prompt_limit": 0, "max_new_tokens": 128, "train_prompts": 64, "train_tasks": 256,
                              "train_tokens": 256, "train_steps": 0, "train_minutes": 30.0, "vocab": 16384, "train_batch": 8,

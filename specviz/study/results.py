@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from specviz.draft.registry import rename_methods
 from specviz.locations import OUTPUTS_DIR, REPO_ROOT
 
 __all__ = ["REFERENCE_DIR", "README", "BEGIN", "END", "read_table", "method_summary",
@@ -48,6 +49,8 @@ def read_table(path: Path, columns: tuple[str, ...] | list[str] = (), key: str |
     if data is not None and key not in data:
         raise ValueError(f"{path} lacks the key {key!r}")
     rows = pd.read_csv(path) if data is None else pd.DataFrame(data[key])
+    for old, new in rename_methods(rows).items():
+        print(f"{path}: {old!r} read as {new!r} (the name's current spelling)", file=sys.stderr)
     if missing := [c for c in columns if c not in rows.columns]:
         raise ValueError(f"{path} lacks the columns {missing}")
     return rows

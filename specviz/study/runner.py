@@ -216,14 +216,15 @@ def _read_marker(path: Path) -> dict[str, Any] | None:
 # -- the built-in models, prepared before the first notebook ------------------------------------
 
 #: notebooks that load the built-in pair (in the weight mode of their ``dtype`` parameter),
-#: with the parameter and value that switch the pair on where it is optional
-_BUILTIN_PAIR_NOTEBOOKS: Mapping[str, tuple[str, Any] | None] = {
-    "01_quickstart": None,
-    "03_chain_tree_dynamic": ("models", "builtin"),
-    "04_verification_rules": ("real_models", True),
-    "06_end_to_end_speed": None,
-    "09_lookahead": None,
-    "10_draft_heads": None,
+#: with the parameters and values that all switch the pair on where it is optional
+_BUILTIN = (("models", "builtin"),)
+_BUILTIN_PAIR_NOTEBOOKS: Mapping[str, tuple[tuple[str, Any], ...]] = {
+    "01_quickstart": (),
+    "03_chain_tree_dynamic": _BUILTIN,
+    "04_verification_rules": (("real_models", True),) + _BUILTIN,
+    "06_end_to_end_speed": _BUILTIN,
+    "09_lookahead": _BUILTIN,
+    "10_draft_heads": _BUILTIN,
 }
 #: parameters that list further weight modes in which a notebook loads the built-in target
 _TARGET_MODE_PARAMETERS: Mapping[str, str] = {"06_end_to_end_speed": "probe_dtypes"}
@@ -248,8 +249,7 @@ def _builtin_models_needed(plans: Sequence[_Plan], remote: bool = False) -> list
         stem = plan.run.stem
         if stem not in _BUILTIN_PAIR_NOTEBOOKS or (remote and "scheduler" in plan.declared):
             continue
-        switch = _BUILTIN_PAIR_NOTEBOOKS[stem]
-        if switch is not None and plan.value(switch[0]) != switch[1]:
+        if any(plan.value(name) != value for name, value in _BUILTIN_PAIR_NOTEBOOKS[stem]):
             continue
         mode = plan.value("dtype")
         add(DEFAULT_TARGET, mode)

@@ -385,7 +385,7 @@ def engine_units(models: ModelSpec, reference: GenerationResult, *, shape: TreeS
     key = _key(models, reference)
     return [Unit(f"engine/{shape_name}/{shape_key(shape)}/{key}", _engine_row,
                  {"reference": reference, "kind": "tree", "arg": shape, "strategy": shape_name}),
-            Unit(f"engine/dynamic-k{dynamic[0]}-d{dynamic[1]}-n{dynamic[2]}/{key}", _engine_row,
+            Unit(f"engine/dynamic-w{dynamic[0]}-d{dynamic[1]}-b{dynamic[2]}/{key}", _engine_row,
                  {"reference": reference, "kind": "dynamic", "arg": tuple(dynamic), "strategy": DYNAMIC_STRATEGY})]
 
 
