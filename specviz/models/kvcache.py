@@ -283,7 +283,7 @@ TRACEABLE_MODULES = {
     "transformers.activations": {"SiLUActivation"},
     "transformers.models.qwen2.modeling_qwen2": {"Qwen2DecoderLayer", "Qwen2Attention", "Qwen2MLP", "Qwen2RMSNorm"},
     "transformers.models.llama.modeling_llama": {"LlamaDecoderLayer", "LlamaAttention", "LlamaMLP", "LlamaRMSNorm"},
-    "specviz.quant.weights": {"W8A8TokenLinear", "SharedInputGroup", "SharedInputSlice"},
+    "specviz.quant.w8a8": {"W8A8TokenLinear", "SharedInputGroup", "SharedInputSlice"},
     "specviz.quant.w4a8": {"W4A8TokenLinear"},
 }
 _programs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
