@@ -2,7 +2,8 @@
 (:mod:`~specviz.bench.e2e`), cost curves and the step-cost model (:mod:`~specviz.bench.cost`),
 tree-attention timing (:mod:`~specviz.bench.attention`), where a run's time goes
 (:mod:`~specviz.bench.profile`), and llama.cpp as a measured peer (:mod:`~specviz.bench.llama`);
-the command line's options (:mod:`~specviz.bench.cli_args`) and a run's cost passes (:mod:`~specviz.bench.cost_passes`)."""
+the command line's options (:mod:`~specviz.bench.cli_args`) and a run's cost passes
+(:mod:`~specviz.bench.cost_passes`)."""
 
 from specviz.bench.attention import *  # noqa: F401,F403
 from specviz.bench.cost import *  # noqa: F401,F403

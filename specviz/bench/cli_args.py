@@ -59,8 +59,8 @@ def e2e_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default=None, help="target model (default: the built-in 1.5B)")
     p.add_argument("--draft", default=None, help="draft model (default: the built-in 0.5B)")
     p.add_argument("--dtype", default="fp32",
-                   help="weight mode of both models: fp32 (default, the exactness reference), bf16, fp16, w8a8-token, w4a8-token, or auto "
-                        "(the fastest mode that passes the accuracy bar on this machine, probed once and cached)")
+                   help="weight mode of both models: fp32 (default, the exactness reference), bf16, fp16, "
+                        "w8a8-token, w4a8-token, or auto (the fastest mode that passes the accuracy bar on this machine, probed once and cached)")
     p.add_argument("--draft-dtype", default=None,
                    help="weight mode of the draft model alone (default: --dtype), e.g. w4a8-token: a draft's "
                         "accuracy costs acceptance, never exactness; plain decoding and the peers keep --dtype")

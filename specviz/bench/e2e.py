@@ -388,8 +388,9 @@ def load_results(path: str | os.PathLike) -> pd.DataFrame:
     Methods stored under an older spelling of their name read as the current one
     (:func:`~specviz.draft.registry.rename_methods`); ``df.attrs["renamed_methods"]`` maps
     each old name read to its current name. Files written before the ``device`` column
-    existed were measured on the CPU and read with ``device`` "cpu"; before ``draft_dtype``, both models ran in ``dtype``; before
-    ``draft_layers``, the draft ran its modules' forward ("modules", not "fused").
+    existed were measured on the CPU and read with ``device`` "cpu"; before
+    ``draft_dtype``, both models ran in ``dtype``; before ``draft_layers``, the draft ran
+    its modules' forward ("modules", not "fused").
     """
     path = Path(path)
     if not path.is_file():

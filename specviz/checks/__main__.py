@@ -42,6 +42,10 @@ def _prompts(n: int) -> list[str]:
     return [p.text for p in load_prompts(limit=n)]
 
 
+#: the sections that compare a weight mode with fp32, one per mode
+_MODE_SECTIONS = tuple(m for m in WEIGHT_MODES if m != "fp32")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m specviz.checks", description=identity.__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", type=int, default=10, help="prompts from the shipped set (default 10)")
@@ -69,10 +73,9 @@ def _checked_lists(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
     """The sections and the accuracy section's weight modes of the command line, checked
     (``parser.error`` on an unknown one or a ``--chunk`` below 1)."""
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
-    mode_sections = [m for m in WEIGHT_MODES if m != "fp32"]
-    unknown = sorted(set(sections) - {"identity", "accuracy", "adaptive", *mode_sections})
+    unknown = sorted(set(sections) - {"identity", "accuracy", "adaptive", *_MODE_SECTIONS})
     if unknown:
-        parser.error(f"unknown sections {unknown}; choose from identity, accuracy, adaptive, {', '.join(mode_sections)}")
+        parser.error(f"unknown sections {unknown}; choose from identity, accuracy, adaptive, {', '.join(_MODE_SECTIONS)}")
     accuracy_modes = [m.strip() for m in args.accuracy_modes.split(",") if m.strip()]
     bad = sorted(set(accuracy_modes) - set(WEIGHT_MODES))
     if bad:
@@ -98,7 +101,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"--device: {exc}")
 
     sections, accuracy_modes = _checked_lists(parser, args)
-    mode_sections = [m for m in WEIGHT_MODES if m != "fp32"]
     prompts = _prompts(args.prompts)
     keep = [s for s in args.drafters.split(",") if s]
     report: dict[str, object] = {"prompts": args.prompts, "tokens": args.tokens, "device": args.device}
@@ -123,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             log(f"finished {dtype} units are kept in {path}")
         return stores[dtype]
 
-    runs = [("identity", "fp32")] + [(m, m) for m in mode_sections]
+    runs = [("identity", "fp32")] + [(m, m) for m in _MODE_SECTIONS]
     for section, dtype in runs:
         if section not in sections:
             continue

@@ -410,24 +410,23 @@ NAME_LETTERS: tuple[tuple[str, str], ...] = (
     ("<P1>+<P2>", "the parts of a composite strategy, each a strategy name"),
 )
 
-#: older spellings and the current name each reads as: ``(pattern, replacement, what changed)``,
-#: applied in order with :func:`re.sub` (strategy names, also inside composite names, and the
-#: explorer's former labels)
-OLD_NAMES: tuple[tuple[str, str, str], ...] = (
-    (r"(?<![A-Za-z])(tree|dynamic|eagle|medusa)-k(\d+)-d(\d+)-n(\d+)", r"\1-w\2-d\3-b\4",
-     "a tree's width was -k and its budget -n"),
-    (r"(?<![A-Za-z])(medusa|sequoia)-n(\d+)\b", r"\1-b\2", "a budget was -n"),
-    (r"^static shape$", "tree", "an explorer label"),
-    (r"^n-gram$", "ngram-trie", "an explorer label"),
-    (r"^adaptive n-gram$", "ngram-adaptive", "an explorer label"),
-    (r"^cascade$", "fallback", "an explorer label"),
-    (r"^eagle \+ lookup$", "merged", "an explorer label"),
+#: older spellings and the current name each reads as: ``(pattern, replacement)``, applied in
+#: order with :func:`re.sub` (strategy names, also inside composite names, and the explorer's
+#: former labels)
+OLD_NAMES: tuple[tuple[str, str], ...] = (
+    (r"(?<![A-Za-z])(tree|dynamic|eagle|medusa)-k(\d+)-d(\d+)-n(\d+)", r"\1-w\2-d\3-b\4"),  # width -k, budget -n
+    (r"(?<![A-Za-z])(medusa|sequoia)-n(\d+)\b", r"\1-b\2"),  # a budget was -n
+    (r"^static shape$", "tree"),  # the explorer's former labels
+    (r"^n-gram$", "ngram-trie"),
+    (r"^adaptive n-gram$", "ngram-adaptive"),
+    (r"^cascade$", "fallback"),
+    (r"^eagle \+ lookup$", "merged"),
 )
 
 
 def current_name(name: str) -> str:
     """``name`` in the current spelling (itself where no :data:`OLD_NAMES` pattern applies)."""
-    for pattern, replacement, _ in OLD_NAMES:
+    for pattern, replacement in OLD_NAMES:
         name = re.sub(pattern, replacement, name)
     return name
 

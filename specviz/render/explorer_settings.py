@@ -193,9 +193,10 @@ class ExplorerSettings:
         if unknown or missing:
             raise ValueError(f"settings {dict(raw)} have unknown fields {unknown} / lack fields {missing}")
         strategy = raw["strategy"]
-        if isinstance(strategy, str) and strategy not in STRATEGIES and registry.current_name(strategy) in STRATEGIES:
-            raw = {**raw, "strategy": registry.current_name(strategy)}
-            warnings.warn(f"explorer settings: the former strategy label {strategy!r} read as {raw['strategy']!r}",
+        current = registry.current_name(strategy) if isinstance(strategy, str) else strategy
+        if current != strategy and current in STRATEGIES:
+            raw = {**raw, "strategy": current}
+            warnings.warn(f"explorer settings: the former strategy label {strategy!r} read as {current!r}",
                           stacklevel=2)
         return cls(**raw)
 

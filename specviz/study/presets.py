@@ -163,10 +163,10 @@ def _on_tiny_models(runs: tuple[NotebookRun, ...]) -> tuple[NotebookRun, ...]:
 
 #: The presets, by name. ``smoke`` is the smallest run of every notebook (its notebooks use all of
 #: torch's threads, as it times nothing worth keeping), ``tiny`` smoke on the random tiny pair
-#: wherever a notebook can use it (the tests run it), ``quick`` the default study, ``standard`` quick with the acceptance study (03) on every
-#: prompt x 128 tokens (the committed reference results), ``full`` everything at full
-#: size. The notebooks run in the order of their numbers except the report (08), which runs
-#: last, after 09 and 10, and reads the tables of all the others.
+#: wherever a notebook can use it (the tests run it), ``quick`` the default study, ``standard``
+#: quick with the acceptance study (03) on every prompt x 128 tokens (the committed reference
+#: results), ``full`` everything at full size. The notebooks run in the order of their numbers
+#: except the report (08), which runs last, after 09 and 10, and reads the tables of all the others.
 PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
     Preset("smoke", "every notebook at its smallest size: checks an installation in a few minutes", _SMOKE_RUNS,
            report="08_report"),
@@ -194,7 +194,8 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
                              "methods": ["chain-k2", "chain-k2-v32768", "chain-k4", "chain-k8", "tree-2x2x1",
                                          "dynamic-w4-d5-b16", "adaptive", "ngram", "ngram-trie", "merged", "switch",
                                          "self-spec-L24-k2"],
-                             "sequoia_budgets": [4, 8, 16, 32], "probe_dtypes": ["bf16"], "cost_sizes": [1, 2, 4, 8, 16, 32, 64, 128],
+                             "sequoia_budgets": [4, 8, 16, 32], "probe_dtypes": ["bf16"],
+                             "cost_sizes": [1, 2, 4, 8, 16, 32, 64, 128],
                              "cost_repeats": 3, "profiled": ["specviz-plain", "chain-k2", "chain-k4",
                                                              "dynamic-w4-d5-b16", "ngram", "merged"],
                              "profile_tokens": 64}),
