@@ -80,6 +80,54 @@ class _Fixed(Drafter):
 
 # -- greedy identity ----------------------------------------------------------------------------
 
+def test_engine_options_are_one_object_with_keyword_changes(tiny_pair):
+    from specviz.decode.engine import EngineOptions
+
+    options = EngineOptions(max_new_tokens=8, stop_at_eos=False, analyze=False)
+    drafter = ChainDrafter(tiny_pair.draft, 2)
+    a = speculative_generate(tiny_pair.target, drafter, PROMPTS[0], options)
+    b = speculative_generate(tiny_pair.target, drafter, PROMPTS[0], max_new_tokens=8, stop_at_eos=False, analyze=False)
+    assert a.output_ids == b.output_ids and len(a.output_ids) == 8
+    c = speculative_generate(tiny_pair.target, drafter, PROMPTS[0], options, max_new_tokens=4)
+    assert c.output_ids == a.output_ids[:4] and options.max_new_tokens == 8
+    with pytest.raises(TypeError, match="unknown engine option.*max_tokens.*max_new_tokens"):
+        speculative_generate(tiny_pair.target, drafter, PROMPTS[0], max_tokens=4)
+    with pytest.raises(TypeError, match="options must be an EngineOptions"):
+        speculative_generate(tiny_pair.target, drafter, PROMPTS[0], {"max_new_tokens": 4})
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        EngineOptions(max_new_tokens=0)
+
+
+def test_the_drafter_protocol_is_three_methods_and_observe_gets_what_a_drafter_reads(tiny_pair):
+    from specviz.draft.base import TargetOutputs
+
+    assert {n for n, v in vars(Drafter).items() if callable(v) and not n.startswith("_")} == {
+        "draft", "observe", "reset"}
+
+    class Recording(_Fixed):
+        def __init__(self, reads):
+            super().__init__(lambda ctx: DraftTree.from_lists([ctx[-1], 5], [-1, 0]))
+            self.reads, self.seen = frozenset(reads), []
+
+        def observe(self, step, outputs=None):
+            self.seen.append((step, outputs))
+
+    hidden_size = tiny_pair.target.model.config.hidden_size
+    for reads in ((), ("hidden",)):
+        d = Recording(reads)
+        result = speculative_generate(tiny_pair.target, d, [3, 4, 5, 6], max_new_tokens=6, stop_at_eos=False)
+        steps = d.seen[1:] if reads else d.seen
+        assert [s for s, _ in steps] == list(result.steps)
+        assert all(isinstance(o, TargetOutputs) and o.logits.shape == (s.tree.n_nodes, tiny_pair.target.vocab_size)
+                   and o.side_logits is None for s, o in steps)
+        assert all((o.hidden is not None) == bool(reads) for _, o in steps)
+        if reads:  # the prefill's hidden states first, at the committed tokens but the last
+            step, outputs = d.seen[0]
+            assert step is None and outputs.logits is None and tuple(outputs.hidden.shape) == (3, hidden_size)
+        else:
+            assert len(d.seen) == len(result.steps)
+
+
 def test_plain_generate_matches_transformers_generate(tiny_pair):
     target = tiny_pair.target
     ids = encode_prompt(target.tokenizer, PROMPTS[0])

@@ -369,12 +369,12 @@ def test_budgeted_merge_shares_the_budget_in_order(tiny_pair, context):
 
 
 def test_draft_steps_within_grows_or_cuts_to_the_step_limit(tiny_pair, context):
-    from specviz.draft.base import run_draft_steps
+    from specviz.draft.base import Budgeted, drafting_steps_within, run_draft_steps
 
     ctx = torch.tensor(context)
 
     def within(drafter, n):
-        return run_draft_steps(drafter.draft_steps_within(n, ctx, GREEDY, "greedy", None))
+        return run_draft_steps(drafting_steps_within(drafter, n, ctx, GREEDY, "greedy", None))
 
     def same(a, b):
         return a.tokens.tolist() == b.tokens.tolist() and a.parents.tolist() == b.parents.tolist()
@@ -387,8 +387,10 @@ def test_draft_steps_within_grows_or_cuts_to_the_step_limit(tiny_pair, context):
     trie = NgramTrieDrafter(n=2, depth=4, budget=12, max_matches=4)
     assert same(within(trie, 3), NgramTrieDrafter(n=2, depth=4, budget=3, max_matches=4).draft(
         ctx, GREEDY, "greedy", None)) and trie.budget == 12
+    assert isinstance(dynamic, Budgeted) and isinstance(trie, Budgeted)
     # any other drafter: its tree cut to the first nodes
     chain = ChainDrafter(tiny_pair.draft, 4)
+    assert not isinstance(chain, Budgeted)
     cut = within(chain, 2)
     assert cut.tokens.tolist() == chain.draft(ctx, GREEDY, "greedy", None).tokens[:3].tolist()
     for drafter in (dynamic, trie, chain):

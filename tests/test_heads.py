@@ -1240,10 +1240,10 @@ def test_registry_builds_head_drafters(tiny_pair, trained):
     assert chain3.heads_path == trained["eagle"].path
     merged = build_drafter("merged-medusa-b6+ngram-n3-k8", tiny_pair)
     assert merged.drafters[0].shape == medusa_tree(ranks, 6) and merged.drafters[1].name == "ngram(n=3,k=8)"
-    assert merged.needs_target_hidden and merged.heads_path == trained["medusa"].path
+    assert "hidden" in merged.reads and merged.heads_path == trained["medusa"].path
     assert heads_kinds(parse_strategy("merged-ngram+eagle-chain-k3+medusa+eagle")) == ("eagle", "medusa")
     budgeted = build_drafter("merged-b8-ngram-n3-k4+eagle-w4-d3-b16", tiny_pair)
-    assert budgeted.budget == 8 and budgeted.drafters[1].budget == 16 and budgeted.needs_target_hidden
+    assert budgeted.budget == 8 and budgeted.drafters[1].budget == 16 and "hidden" in budgeted.reads
     assert heads_kinds(parse_strategy("merged-b8-ngram+eagle")) == ("eagle",)
     assert heads_kinds(parse_strategy("merged")) == () and heads_kinds(parse_strategy("eagle-chain")) == ("eagle",)
 

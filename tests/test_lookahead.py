@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from specviz.draft.base import SideBranching, TargetOutputs
 from specviz.decode.engine import plain_generate, speculative_generate, speculative_generate_batch
 from specviz.draft.lookahead import (JacobiDrafter, LookaheadDrafter, guess_tree, guesses_of,
                                      lookahead_window_mask)
@@ -100,6 +101,7 @@ def test_lookahead_fills_its_window_then_its_pool():
     ctx = torch.tensor([4, 5, 6, 7])
     tree = d.draft(ctx, GREEDY, "greedy", None)
     assert tree.n_nodes == 1  # nothing pooled yet
+    assert isinstance(d, SideBranching) and not isinstance(JacobiDrafter(), SideBranching)
     side = d.side_branch(ctx, tree)
     assert side.size == 3 and side.offsets.tolist() == [1, 2, 3]
     vocab = 20
@@ -115,10 +117,10 @@ def test_lookahead_fills_its_window_then_its_pool():
             committed_tokens = (8,)
 
     level0 = side.tokens.tolist()
-    d.observe_target(Step, logits_for([0]), logits_for([11, 12, 13]))  # warm-up: a second level
+    d.observe(Step, TargetOutputs(logits_for([0]), logits_for([11, 12, 13])))  # warm-up: a second level
     side = d.side_branch(torch.tensor([4, 5, 6, 7, 8]), tree)
     assert side.size == 6 and side.offsets.tolist() == [1, 2, 3, 2, 3, 4] and d.pool_size == 0
-    d.observe_target(Step, logits_for([0]), logits_for([0, 0, 0, 14, 15, 16]))  # full: n-grams harvested
+    d.observe(Step, TargetOutputs(logits_for([0]), logits_for([0, 0, 0, 14, 15, 16])))  # full: n-grams harvested
     for col, (middle, new) in enumerate(zip([11, 12, 13], [14, 15, 16])):
         assert (middle, new) in d.pool_guesses(level0[col])
     assert d.pool_size == len(set(zip(level0, [11, 12, 13], [14, 15, 16])))
@@ -145,7 +147,10 @@ def test_jacobi_guesses_are_last_steps_predictions_after_the_accepted_path():
 
     logits = torch.zeros(4, 12)
     logits[torch.arange(4), torch.tensor([5, 7, 9, 10])] = 1.0
-    d.observe_target(Step, logits, None)
+    guesses = list(d._guesses)
+    d.observe(Step)  # a call without the target's outputs (a replay's): nothing to learn from
+    assert d._guesses == guesses
+    d.observe(Step, TargetOutputs(logits, None))
     nxt = d.draft(torch.tensor([1, 2, 3, int(tree.tokens[1]), 7]), GREEDY, "greedy", None)
     assert nxt.tokens.tolist()[:3] == [7, 9, 10]
     # a context that does not continue the last one starts over

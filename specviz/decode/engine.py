@@ -10,11 +10,10 @@ One step for every active sequence (batch row):
    position ids and the 4D tree mask (:func:`specviz.tree.pad_trees`), so row ``b``'s
    logits ``(N_b, V)`` are exactly "the target's distribution after node i" that the
    verifiers expect;
-3. the verifier picks the accepted path and the bonus token; the drafter sees the
-   target's logits (:meth:`~specviz.draft.Drafter.observe_target`) and, if it asks for
-   them, the target's last hidden states at the nodes
-   (:meth:`~specviz.draft.Drafter.observe_hidden`; those of the prompt come from the
-   prefill);
+3. the verifier picks the accepted path and the bonus token; the drafter observes the
+   step with the target's logits and, if it reads them, the target's last hidden states
+   at the nodes (:meth:`~specviz.draft.Drafter.observe` with a
+   :class:`~specviz.draft.base.TargetOutputs`; the prompt's come from the prefill);
 4. the cache keeps the prefix plus the root and the accepted path, moved into place
    (:func:`specviz.models.kvcache.compact_cache`); the bonus token becomes the next root.
 
@@ -41,7 +40,7 @@ E = hidden size.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, fields, replace
 from typing import Sequence
 
 import torch
@@ -51,7 +50,7 @@ from specviz.decode.plain import plain_generate, plain_generate_batch
 from specviz.decode.prompts import check_prompt, encode_prompt, eos_token_ids, stop_rules
 from specviz.decode.records import GenerationResult, StepTrace
 from specviz.decode.rows import Row, check_drafter, finish_row, step_tree
-from specviz.draft.base import Drafter, draft_all
+from specviz.draft.base import Drafter, TargetOutputs, draft_all, side_branch_of, spawn
 from specviz.models.kvcache import cache_length, compact_cache, forward_tokens, new_cache, select_rows
 from specviz.models.types import LoadedModel
 from specviz.sampling import GREEDY, SamplingConfig, make_generator, probs_from_logits
@@ -61,6 +60,7 @@ from specviz.validate import check_int
 from specviz.verify.rules import Verifier, as_verifier
 
 __all__ = [
+    "EngineOptions",
     "encode_prompt",
     "eos_token_ids",
     "stop_rules",
@@ -69,6 +69,62 @@ __all__ = [
     "plain_generate",
     "plain_generate_batch",
 ]
+
+
+# -- the run's options ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How the engine decodes: one object for every option of a run, as transformers'
+    ``GenerationConfig`` is for ``generate()``. :func:`speculative_generate` takes one
+    and keyword changes of its fields (``max_new_tokens=32`` is ``replace(options,
+    max_new_tokens=32)``).
+
+    Attributes:
+        max_new_tokens: token budget.
+        config: sampling configuration (greedy by default), shared by drafter and verifier.
+        verifier: a rule name from :data:`specviz.verify.VERIFIERS` or a Verifier.
+        chat: apply the chat template to text prompts.
+        analyze: compute per-node target probabilities and the exact expected acceptance
+            (costs a little; turn off for timing runs).
+        keep_draft_probs: keep each tree's ``(N, V)`` draft distributions in the trace
+            (large for real vocabularies).
+        stop_at_eos: stop after an end-of-sequence token (False generates exactly
+            ``max_new_tokens``, e.g. for fixed-length comparisons).
+        attention: how the target's verification forward attends
+            (:data:`specviz.attention.ATTENTION_CHOICES`; see :func:`~specviz.models.forward_tokens`).
+    """
+
+    max_new_tokens: int = 64
+    config: SamplingConfig = GREEDY
+    verifier: str | Verifier = "greedy"
+    chat: bool = True
+    analyze: bool = True
+    keep_draft_probs: bool = False
+    stop_at_eos: bool = True
+    attention: str = "specviz"
+
+    def __post_init__(self) -> None:
+        check_int("max_new_tokens", self.max_new_tokens)
+        if not isinstance(self.config, SamplingConfig):
+            raise TypeError(f"config must be a SamplingConfig, got {type(self.config).__name__}")
+
+    @classmethod
+    def of(cls, options: "EngineOptions | None", changes: dict) -> "EngineOptions":
+        """``options`` (the defaults when None) with ``changes`` to its fields.
+
+        Raises:
+            TypeError: ``options`` not an EngineOptions, or a change that names no option.
+        """
+        if options is None:
+            options = cls()
+        elif not isinstance(options, cls):
+            raise TypeError(f"options must be an EngineOptions, got {type(options).__name__}")
+        unknown = sorted(set(changes) - {f.name for f in fields(cls)})
+        if unknown:
+            raise TypeError(f"unknown engine option(s) {', '.join(unknown)}; the options are "
+                            f"{', '.join(f.name for f in fields(cls))} (and seed)")
+        return replace(options, **changes) if changes else options
 
 
 # -- one step of a row ---------------------------------------------------------------------------
@@ -134,7 +190,7 @@ def _side_branch(row: Row, context: torch.Tensor, tree: DraftTree, prefix: int,
                  max_context: int) -> SideBranch | None:
     """The row's side branch for this step (``context``: its committed tokens), or None when
     it has none or it would run past the context limit."""
-    side = row.drafter.side_branch(context, tree)
+    side = side_branch_of(row.drafter, context, tree)
     if side is None:
         return None
     if not isinstance(side, SideBranch):
@@ -147,12 +203,12 @@ def _side_branch(row: Row, context: torch.Tensor, tree: DraftTree, prefix: int,
 
 # -- the engine ---------------------------------------------------------------------------------
 
-def _run(target: LoadedModel, drafters: list[Drafter], prompts: list[list[int]], max_new_tokens: int,
-         config: SamplingConfig, verifier: Verifier, seeds: list[int], analyze: bool,
-         keep_draft_probs: bool, stop_at_eos: bool, attention: str) -> list[GenerationResult]:
+def _run(target: LoadedModel, drafters: list[Drafter], prompts: list[list[int]], seeds: list[int],
+         options: EngineOptions, verifier: Verifier) -> list[GenerationResult]:
     """The engine's loop: decode every prompt (one row each) until all rows stop."""
     start = time.perf_counter()
-    stops = stop_rules(target, max_new_tokens, stop_at_eos)
+    config = options.config
+    stops = stop_rules(target, options.max_new_tokens, options.stop_at_eos)
     vocab = target.vocab_size
     mode = verifier.sibling_sampling
     rows = [Row(p, d, make_generator(s)) for p, d, s in zip(prompts, drafters, seeds)]
@@ -160,14 +216,14 @@ def _run(target: LoadedModel, drafters: list[Drafter], prompts: list[list[int]],
         row.drafter.reset()
     active = list(range(len(rows)))
     # drafters that read the target's hidden states get them after the prefill and after every step
-    want_hidden = any(row.drafter.needs_target_hidden for row in rows)
+    want_hidden = any("hidden" in row.drafter.reads for row in rows)
     with phase("prefill"):
         cache, prefill_hidden = _prefill(target, [r.tokens for r in rows], hidden=want_hidden)
     if want_hidden:
         with phase("update"):
             for row, states in zip(rows, prefill_hidden):
-                if row.drafter.needs_target_hidden:
-                    row.drafter.observe_hidden(None, states)
+                if "hidden" in row.drafter.reads:
+                    row.drafter.observe(None, TargetOutputs(hidden=states))
     while active:
         t0 = time.perf_counter()
         contexts = [torch.tensor(rows[i].tokens) for i in active]  # (L_b,) per row
@@ -189,7 +245,7 @@ def _run(target: LoadedModel, drafters: list[Drafter], prompts: list[list[int]],
         t0 = time.perf_counter()
         with phase("forward"):
             out = forward_tokens(target.model, cache, batch.tokens, batch.position_ids, batch.mask,
-                                 attention=attention, hidden=want_hidden)
+                                 attention=options.attention, hidden=want_hidden)
         logits, hidden = out if want_hidden else (out, None)  # (B, Nmax, V), (B, Nmax, E)
         forward_time = time.perf_counter() - t0
         pmax = max(prefix)
@@ -198,14 +254,13 @@ def _run(target: LoadedModel, drafters: list[Drafter], prompts: list[list[int]],
             row, tree, side = rows[i], trees[b], sides[b]
             n = tree.n_nodes
             s = side.size if side is not None else 0
-            trace = _verify_row(row, tree, logits[b, :n], verifier, config, analyze, keep_draft_probs,
+            trace = _verify_row(row, tree, logits[b, :n], verifier, config, options.analyze, options.keep_draft_probs,
                                 draft_time, forward_time, side)
             row.steps.append(trace)
             with phase("update"):
-                row.drafter.observe_target(trace, logits[b, :n], logits[b, n:n + s] if side is not None else None)
-                if hidden is not None and row.drafter.needs_target_hidden:
-                    row.drafter.observe_hidden(trace, hidden[b, :n])
-                row.drafter.observe(trace)
+                reads_hidden = hidden is not None and "hidden" in row.drafter.reads
+                row.drafter.observe(trace, TargetOutputs(logits[b, :n], logits[b, n:n + s] if side is not None else None,
+                                                         hidden[b, :n] if reads_hidden else None))
                 acc = trace.acceptance
                 row.commit(acc.committed_tokens, stops)
             if row.stop_reason:
@@ -222,29 +277,23 @@ def _run(target: LoadedModel, drafters: list[Drafter], prompts: list[list[int]],
                 select_rows(cache, keep_rows)
             compact_cache(cache, dst, src, max(d + len(s) for d, s in zip(dst, src)))
     name = drafters[0].name
-    return [finish_row(target, row, start, name, verifier.name, config, max_new_tokens) for row in rows]
+    return [finish_row(target, row, start, name, verifier.name, config, options.max_new_tokens) for row in rows]
 
 
-def _prepare(target: LoadedModel, drafter: Drafter, prompts: Sequence, max_new_tokens: int, chat: bool,
-             config: SamplingConfig, verifier) -> tuple[list[list[int]], Verifier]:
+def _prepare(target: LoadedModel, drafter: Drafter, prompts: Sequence,
+             options: EngineOptions) -> tuple[list[list[int]], Verifier]:
     """Check a run's arguments; the prompts' token ids and the verification rule."""
     if not isinstance(target, LoadedModel):
         raise TypeError(f"target must be a specviz LoadedModel, got {type(target).__name__}")
-    if not isinstance(config, SamplingConfig):
-        raise TypeError(f"config must be a SamplingConfig, got {type(config).__name__}")
-    check_int("max_new_tokens", max_new_tokens)
     check_drafter(target, drafter)
-    ids = [encode_prompt(target.tokenizer, p, chat) for p in prompts]
+    ids = [encode_prompt(target.tokenizer, p, options.chat) for p in prompts]
     for p in ids:
         check_prompt(target, p)
-    return ids, as_verifier(verifier, "verifier")
+    return ids, as_verifier(options.verifier, "verifier")
 
 
-def speculative_generate(target: LoadedModel, drafter: Drafter, prompt: str | Sequence[int], *,
-                         max_new_tokens: int = 64, config: SamplingConfig = GREEDY,
-                         verifier: str | Verifier = "greedy", seed: int = 0, chat: bool = True,
-                         analyze: bool = True, keep_draft_probs: bool = False,
-                         stop_at_eos: bool = True, attention: str = "specviz") -> GenerationResult:
+def speculative_generate(target: LoadedModel, drafter: Drafter, prompt: str | Sequence[int],
+                         options: EngineOptions | None = None, *, seed: int = 0, **changes) -> GenerationResult:
     """Generate with speculative decoding: ``drafter`` proposes, ``target`` verifies.
 
     The drafter is reset first, so a run depends only on its arguments.
@@ -252,20 +301,11 @@ def speculative_generate(target: LoadedModel, drafter: Drafter, prompt: str | Se
     Args:
         target: the target model.
         drafter: any :class:`~specviz.draft.base.Drafter`.
-        prompt: text (chat template applied when ``chat``) or token ids.
-        max_new_tokens: token budget.
-        config: sampling configuration (greedy by default), shared by drafter and verifier.
-        verifier: a rule name from :data:`specviz.verify.VERIFIERS` or a Verifier.
+        prompt: text (chat template applied when ``options.chat``) or token ids.
+        options: how to decode (:class:`EngineOptions`; None: its defaults).
         seed: seeds the generator that drafting and verification draw from.
-        chat: apply the chat template to text prompts.
-        analyze: compute per-node target probabilities and the exact expected acceptance
-            (costs a little; turn off for timing runs).
-        keep_draft_probs: keep each tree's ``(N, V)`` draft distributions in the trace
-            (large for real vocabularies).
-        stop_at_eos: stop after an end-of-sequence token (False generates exactly
-            ``max_new_tokens``, e.g. for fixed-length comparisons).
-        attention: how the target's verification forward attends
-            (:data:`specviz.attention.ATTENTION_CHOICES`; see :func:`~specviz.models.forward_tokens`).
+        **changes: changes to ``options``' fields, e.g. ``max_new_tokens=32``,
+            ``config=SamplingConfig(temperature=1.0)``, ``verifier="chain"``.
 
     Returns:
         A :class:`GenerationResult`; stops on an end-of-sequence token, after
@@ -275,20 +315,19 @@ def speculative_generate(target: LoadedModel, drafter: Drafter, prompt: str | Se
         ValueError: empty prompt, prompt that fills the context, bad budget, a drafter tree
             with the wrong root; :class:`~specviz.models.TokenizerMismatchError` when the
             drafter's tokenizer differs from the target's.
+        TypeError: a change that names no option.
     """
-    ids, rule = _prepare(target, drafter, [prompt], max_new_tokens, chat, config, verifier)
-    return _run(target, [drafter], ids, max_new_tokens, config, rule, [seed], analyze, keep_draft_probs,
-                stop_at_eos, attention)[0]
+    options = EngineOptions.of(options, changes)
+    ids, rule = _prepare(target, drafter, [prompt], options)
+    return _run(target, [drafter], ids, [seed], options, rule)[0]
 
 
-def speculative_generate_batch(target: LoadedModel, drafter: Drafter, prompts: Sequence[str | Sequence[int]], *,
-                               max_new_tokens: int = 64, config: SamplingConfig = GREEDY,
-                               verifier: str | Verifier = "greedy", seed: int | Sequence[int] = 0,
-                               chat: bool = True, analyze: bool = True, keep_draft_probs: bool = False,
-                               stop_at_eos: bool = True, attention: str = "specviz") -> list[GenerationResult]:
+def speculative_generate_batch(target: LoadedModel, drafter: Drafter, prompts: Sequence[str | Sequence[int]],
+                               options: EngineOptions | None = None, *, seed: int | Sequence[int] = 0,
+                               **changes) -> list[GenerationResult]:
     """Speculative decoding of several prompts at once, one target call per step for all rows.
 
-    Every row gets its own copy of ``drafter`` (:meth:`~specviz.draft.base.Drafter.spawn`)
+    Every row gets its own copy of ``drafter`` (:func:`~specviz.draft.base.spawn`)
     and its own generator; the rows' draft-model forwards are batched too
     (:func:`~specviz.draft.base.draft_all`). Rows accept different numbers of tokens, so
     their committed lengths drift apart and the caches keep per-row lengths. A row that
@@ -305,7 +344,7 @@ def speculative_generate_batch(target: LoadedModel, drafter: Drafter, prompts: S
     seeds = [seed] * len(prompts) if isinstance(seed, int) else list(seed)
     if len(seeds) != len(prompts):
         raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
-    ids, rule = _prepare(target, drafter, prompts, max_new_tokens, chat, config, verifier)
-    drafters = [drafter.spawn() for _ in ids]
-    return _run(target, drafters, ids, max_new_tokens, config, rule, seeds, analyze, keep_draft_probs, stop_at_eos,
-                attention)
+    options = EngineOptions.of(options, changes)
+    ids, rule = _prepare(target, drafter, prompts, options)
+    drafters = [spawn(drafter) for _ in ids]
+    return _run(target, drafters, ids, seeds, options, rule)

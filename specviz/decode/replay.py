@@ -97,7 +97,7 @@ def replay_acceptance(target: LoadedModel, drafter: Drafter, reference: Generati
         raise ValueError(f"replay needs a greedy reference, got temperature {reference.config.temperature}")
     budget = check_int("max_new_tokens", reference.max_new_tokens if max_new_tokens is None else max_new_tokens)
     check_drafter(target, drafter)
-    if drafter.needs_target_outputs:
+    if "logits" in drafter.reads:
         raise ValueError(f"drafter {drafter.name!r} guesses from the target's outputs at every step (its window or "
                          "last predictions), which a replay does not compute; run it live with speculative_generate")
     start = time.perf_counter()

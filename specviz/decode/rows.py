@@ -15,7 +15,7 @@ from typing import Sequence
 import torch
 
 from specviz.decode.records import GenerationResult, StepTrace, StopRules
-from specviz.draft.base import Drafter
+from specviz.draft.base import Drafter, tokenizers_of
 from specviz.models.loading import check_same_tokenizer
 from specviz.models.types import LoadedModel
 from specviz.sampling import SamplingConfig
@@ -59,7 +59,7 @@ def check_drafter(target: LoadedModel, drafter: Drafter) -> None:
     """
     if not isinstance(drafter, Drafter):
         raise TypeError(f"drafter must be a specviz Drafter, got {type(drafter).__name__}")
-    for tok in drafter.tokenizers:
+    for tok in tokenizers_of(drafter):
         if tok is not target.tokenizer:
             check_same_tokenizer(target.tokenizer, tok)
 

@@ -130,7 +130,7 @@ class AdaptiveChainDrafter(ModelDrafter):
             draft_probs[:-1] = torch.stack(rows)
         return drafted_tree(ctx[-1], tokens, list(range(len(tokens))), qs, ranks, draft_probs)
 
-    def observe(self, step) -> None:
+    def observe(self, step, outputs=None) -> None:
         drafted = step.tree.budget
         accepted = step.acceptance.n_accepted
         if self.schedule == "heuristic":

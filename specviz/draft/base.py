@@ -1,16 +1,21 @@
 """Drafters: anything that proposes a draft tree for the next speculative step.
 
-Every drafter implements :class:`Drafter`: given the committed token ids (whose last
-element becomes the tree's root), a :class:`~specviz.sampling.SamplingConfig` and the
-verifier's sibling-sampling mode (:data:`~specviz.sampling.SIBLING_SAMPLING`), return a
-:class:`~specviz.tree.DraftTree`.
+Every drafter implements :class:`Drafter`, three methods: :meth:`~Drafter.draft` (given
+the committed token ids, whose last element becomes the tree's root, a
+:class:`~specviz.sampling.SamplingConfig` and the verifier's sibling-sampling mode,
+:data:`~specviz.sampling.SIBLING_SAMPLING`, return a :class:`~specviz.tree.DraftTree`),
+:meth:`~Drafter.observe` (what a step accepted, with the target's outputs it reads:
+:class:`TargetOutputs`) and :meth:`~Drafter.reset`. What only some drafters do (draft as
+a generator of forwards, grow to a node limit, feed a side branch, spawn, name their
+tokenizers) are optional capabilities (:class:`Stepwise`, :class:`Budgeted`,
+:class:`SideBranching`) that the engine reaches through this module's functions.
 
 The model-based drafters share one engine, :class:`DraftModelState`: the draft model's
 own KV cache for one sequence, kept in sync with the committed tokens. A step feeds only
 what the draft model has not seen (usually just the bonus token: draft nodes that the
 target accepted keep their cached entries), then expands the tree one depth at a time,
 every node of a depth in one batched forward with the tree mask. Drafters are written as
-generators (:meth:`Drafter.draft_steps`) that *request* forwards (:class:`DraftForward`)
+generators (:class:`Stepwise`) that *request* forwards (:class:`DraftForward`)
 rather than run them, so batched decoding serves the requests of all sequences in one
 forward per draft model (:func:`draft_all`) while every sequence runs exactly the logic
 it would run alone.
@@ -32,7 +37,7 @@ from __future__ import annotations
 import copy
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Generator, Sequence
+from typing import Generator, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -53,6 +58,17 @@ from specviz.validate import check_int
 
 __all__ = [
     "Drafter",
+    "TARGET_OUTPUTS",
+    "TargetOutputs",
+    "Stepwise",
+    "Budgeted",
+    "SideBranching",
+    "drafting_steps",
+    "drafting_steps_within",
+    "side_branch_of",
+    "fresh_copy",
+    "spawn",
+    "tokenizers_of",
     "DraftForward",
     "DraftModelState",
     "run_draft_forwards",
@@ -63,24 +79,39 @@ __all__ = [
 
 
 class Drafter(ABC):
-    """Interface of every draft strategy.
+    """The protocol of every draft strategy: :meth:`draft` proposes a tree for a context,
+    :meth:`observe` sees what the step accepted (with the target's outputs the drafter
+    :attr:`reads`), :meth:`reset` forgets the sequence.
 
     A drafter may keep state between steps (a draft model's KV cache, an n-gram index,
     recent acceptance); it must stay correct when ``context`` is not an extension of
     the previous call's (e.g. a new prompt): compare and rebuild as needed.
     :meth:`reset` must *rebind* per-sequence state to fresh objects (not clear shared
-    ones in place), so that :meth:`spawn`'s shallow copy shares nothing mutable.
+    ones in place), so that :func:`spawn`'s shallow copy shares nothing mutable.
+
+    Everything else is an optional capability, a method that only the drafters that have
+    it define, which the engine reaches through this module's functions:
+
+    * ``draft_steps(...)`` (:class:`Stepwise`): drafting as a generator of draft-model
+      forwards, so that batched rows share them (:func:`drafting_steps`);
+    * ``draft_steps_within(max_nodes, ...)`` (:class:`Budgeted`): a tree grown to a node
+      limit by the drafter's own ranking (:func:`drafting_steps_within`; others are cut);
+    * ``side_branch(context, tree)`` (:class:`SideBranching`): tokens to feed the target
+      beside the tree, such as lookahead's Jacobi window (:func:`side_branch_of`);
+    * ``spawn()``: a copy for another batch row, where a shallow copy plus :meth:`reset`
+      is not enough (:func:`spawn`);
+    * ``tokenizers``: the tokenizers whose ids the drafter proposes, which the engine
+      checks against the target's (:func:`tokenizers_of`; none for model-free drafters).
     """
 
     #: short human-readable name used in traces, tables and legends
     name: str = "drafter"
-    #: True for drafters that guess from the target's outputs of earlier steps
-    #: (:meth:`observe_target`), which a replay without target calls cannot supply
-    needs_target_outputs: bool = False
-    #: True for drafters that read the target's last hidden states (the input of its LM
-    #: head): the engine then passes them to :meth:`observe_hidden` after the prefill and
-    #: after every verification
-    needs_target_hidden: bool = False
+    #: the target's outputs :meth:`observe` needs, a subset of :data:`TARGET_OUTPUTS`:
+    #: ``"logits"`` for drafters that guess from the target's outputs of earlier steps
+    #: (which a replay without target calls cannot supply), ``"hidden"`` for drafters that
+    #: read the target's last hidden states (the engine then computes them, and passes the
+    #: prefill's too)
+    reads: frozenset[str] = frozenset()
 
     @abstractmethod
     def draft(self, context: torch.Tensor, config: SamplingConfig, sibling_sampling: str,
@@ -98,77 +129,123 @@ class Drafter(ABC):
             engine then takes one plain target step.
         """
 
+    def observe(self, step, outputs: "TargetOutputs | None" = None) -> None:  # noqa: B027 - no-op by default
+        """See what a step accepted: called with each finished
+        :class:`~specviz.decode.StepTrace` and, in a live run, the target's outputs at
+        the step's nodes (:class:`TargetOutputs`; None in a replay). A drafter that
+        reads ``"hidden"`` is also called once after the prefill, with ``step`` None and
+        the hidden states of the committed tokens but the last. Adaptive drafters, n-gram
+        indexes, lookahead's pool and trained heads' features update themselves here."""
+
+    def reset(self) -> None:  # noqa: B027 - no-op by default
+        """Forget all per-sequence state (caches, statistics)."""
+
+
+#: the target outputs a drafter may read (:attr:`Drafter.reads`)
+TARGET_OUTPUTS = frozenset({"logits", "hidden"})
+
+
+@dataclass(frozen=True)
+class TargetOutputs:
+    """What the target computed in one step, for :meth:`Drafter.observe`.
+
+    Attributes:
+        logits: ``(N, V)`` logits at the tree's nodes (None after the prefill).
+        side_logits: ``(S, V)`` logits at the side branch (None when the step fed none).
+        hidden: the target's last hidden states (the input of its LM head, float32) when
+            a drafter of the run reads them: ``(N, H)`` at the tree's nodes (the root and
+            the accepted nodes become committed) or, after the prefill, ``(L - 1, H)`` at
+            the committed tokens but the last; else None.
+    """
+
+    logits: torch.Tensor | None = None
+    side_logits: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
+
+
+# -- optional capabilities ----------------------------------------------------------------------
+
+@runtime_checkable
+class Stepwise(Protocol):
+    """A drafter that drafts as a generator: it yields the draft-model forwards it needs
+    (:class:`DraftForward`), receives their logits and returns the tree, so batched
+    decoding serves the requests of many rows in one forward (:func:`draft_all`)."""
+
     def draft_steps(self, context: torch.Tensor, config: SamplingConfig, sibling_sampling: str,
-                    generator: torch.Generator | None) -> Generator["DraftForward", torch.Tensor, DraftTree]:
-        """:meth:`draft` as a generator: yields the draft-model forwards it needs
-        (:class:`DraftForward`), receives their logits, returns the tree. Batched decoding
-        drives many of these at once (:func:`draft_all`). Drafters without a model
-        request nothing."""
-        yield from ()
-        return self.draft(context, config, sibling_sampling, generator)
+                    generator: torch.Generator | None) -> Generator["DraftForward", torch.Tensor, DraftTree]: ...
+
+
+@runtime_checkable
+class Budgeted(Protocol):
+    """A drafter that grows its tree to a node limit by its own ranking (EAGLE-2 trees, the
+    n-gram trie), as a merged tree with a budget asks of each part."""
 
     def draft_steps_within(self, max_nodes: int, context: torch.Tensor, config: SamplingConfig,
                            sibling_sampling: str, generator: torch.Generator | None
-                           ) -> Generator["DraftForward", torch.Tensor, DraftTree]:
-        """:meth:`draft_steps` for a tree of at most ``max_nodes`` draft nodes this step
-        (a positive integer), as a merged tree with a budget asks of each part. This
-        default cuts the tree to its first ``max_nodes`` nodes (parents come before
-        children, so the cut is a tree); drafters that grow their tree to a budget of their
-        own (EAGLE-2 trees, the n-gram trie) grow it to the smaller of the two instead, so
-        they keep their best nodes by their own ranking.
+                           ) -> Generator["DraftForward", torch.Tensor, DraftTree]: ...
 
-        Raises:
-            ValueError: ``max_nodes`` not a positive integer.
-        """
-        check_int("max_nodes", max_nodes)
-        tree = yield from self.draft_steps(context, config, sibling_sampling, generator)
-        return tree if tree.budget <= max_nodes else tree.subtree(range(max_nodes + 1))
 
-    def observe(self, step) -> None:  # noqa: B027 - optional hook, no-op by default
-        """Called with each finished :class:`~specviz.decode.StepTrace` (adaptive drafters
-        update themselves here)."""
+@runtime_checkable
+class SideBranching(Protocol):
+    """A drafter that feeds the target tokens beside its tree in the step's forward (a
+    :class:`~specviz.tree.SideBranch`, such as lookahead decoding's Jacobi window); the
+    target's logits there come back in :attr:`TargetOutputs.side_logits`."""
 
-    def side_branch(self, context: torch.Tensor, tree: DraftTree) -> SideBranch | None:
-        """Tokens to feed the target beside ``tree`` in this step's forward (None: none).
+    def side_branch(self, context: torch.Tensor, tree: DraftTree) -> SideBranch | None: ...
 
-        Called by the engine after :meth:`draft`; the target's logits at them come back
-        through :meth:`observe_target`. Lookahead decoding's Jacobi window is one."""
-        return None
 
-    def observe_target(self, step, logits: torch.Tensor, side_logits: torch.Tensor | None) -> None:  # noqa: B027
-        """Called by the engine after each verification with the target's ``(N, V)``
-        logits at the tree's nodes and ``(S, V)`` at the side branch (None when the step
-        fed none). Drafters that learn from the target's outputs (Jacobi iteration,
-        lookahead's n-gram pool) override it; no-op by default."""
+def drafting_steps(drafter: Drafter, context: torch.Tensor, config: SamplingConfig, sibling_sampling: str,
+                   generator: torch.Generator | None) -> Generator["DraftForward", torch.Tensor, DraftTree]:
+    """``drafter``'s drafting as a generator of draft-model forwards (:class:`Stepwise`);
+    a drafter without a model requests nothing and returns its :meth:`~Drafter.draft`."""
+    if isinstance(drafter, Stepwise):
+        return (yield from drafter.draft_steps(context, config, sibling_sampling, generator))
+    return drafter.draft(context, config, sibling_sampling, generator)
 
-    def observe_hidden(self, step, hidden: torch.Tensor) -> None:  # noqa: B027 - optional hook
-        """Called by the engine, for drafters whose :attr:`needs_target_hidden` is True, with
-        the target's last hidden states (the input of its LM head, float32):
 
-        * after the prefill, with ``step`` None and ``hidden`` ``(L - 1, H)`` at the
-          committed tokens except the last (the tokens the prefill ran the target on; the
-          next :meth:`draft` receives those tokens plus the last as its context);
-        * after each verification, with the step's :class:`~specviz.decode.StepTrace` and
-          ``hidden`` ``(N, H)`` at the tree's nodes (the root and the accepted nodes are
-          the ones that become committed).
+def drafting_steps_within(drafter: Drafter, max_nodes: int, context: torch.Tensor, config: SamplingConfig,
+                          sibling_sampling: str, generator: torch.Generator | None
+                          ) -> Generator["DraftForward", torch.Tensor, DraftTree]:
+    """:func:`drafting_steps` for a tree of at most ``max_nodes`` draft nodes (a positive
+    integer): a :class:`Budgeted` drafter grows it to the smaller of its budget and this
+    one, keeping its best nodes by its own ranking; any other tree is cut to its first
+    ``max_nodes`` nodes (parents come before children, so the cut is a tree).
 
-        No-op by default."""
+    Raises:
+        ValueError: ``max_nodes`` not a positive integer.
+    """
+    check_int("max_nodes", max_nodes)
+    if isinstance(drafter, Budgeted):
+        return (yield from drafter.draft_steps_within(max_nodes, context, config, sibling_sampling, generator))
+    tree = yield from drafting_steps(drafter, context, config, sibling_sampling, generator)
+    return tree if tree.budget <= max_nodes else tree.subtree(range(max_nodes + 1))
 
-    def reset(self) -> None:  # noqa: B027 - optional hook, no-op by default
-        """Forget all per-sequence state (caches, statistics)."""
 
-    def spawn(self) -> "Drafter":
-        """A drafter with the same settings and shared weights but fresh per-sequence
-        state; batched decoding gives one to every row."""
-        clone = copy.copy(self)
-        clone.reset()
-        return clone
+def side_branch_of(drafter: Drafter, context: torch.Tensor, tree: DraftTree) -> SideBranch | None:
+    """The tokens ``drafter`` feeds the target beside ``tree`` this step (None: none, or a
+    drafter that is not :class:`SideBranching`)."""
+    return drafter.side_branch(context, tree) if isinstance(drafter, SideBranching) else None
 
-    @property
-    def tokenizers(self) -> tuple:
-        """Tokenizers whose ids this drafter proposes (empty for model-free drafters);
-        the engine checks them against the target's."""
-        return ()
+
+def fresh_copy(drafter: Drafter) -> Drafter:
+    """A shallow copy of ``drafter`` with fresh per-sequence state (:meth:`Drafter.reset`)."""
+    clone = copy.copy(drafter)
+    clone.reset()
+    return clone
+
+
+def spawn(drafter: Drafter) -> Drafter:
+    """A drafter with ``drafter``'s settings and shared weights but fresh per-sequence
+    state, for another batch row: its own ``spawn()`` where it has one, else
+    :func:`fresh_copy`."""
+    own = getattr(drafter, "spawn", None)
+    return own() if callable(own) else fresh_copy(drafter)
+
+
+def tokenizers_of(drafter: Drafter) -> tuple:
+    """The tokenizers whose ids ``drafter`` proposes (its ``tokenizers``; empty for
+    model-free drafters)."""
+    return tuple(getattr(drafter, "tokenizers", ()))
 
 
 # -- the draft model's KV cache for one sequence ------------------------------------------------
@@ -418,7 +495,7 @@ def draft_all(drafters: Sequence[Drafter], contexts: Sequence[torch.Tensor], con
     Every drafter runs exactly the logic of its own :meth:`Drafter.draft`; only the
     forwards that several of them need at the same moment are served together.
     """
-    steps = [d.draft_steps(c, config, sibling_sampling, g) for d, c, g in zip(drafters, contexts, generators)]
+    steps = [drafting_steps(d, c, config, sibling_sampling, g) for d, c, g in zip(drafters, contexts, generators)]
     trees: list[DraftTree | None] = [None] * len(steps)
     pending: dict[int, DraftForward] = {}
 
@@ -443,9 +520,11 @@ class CompositeDrafter(Drafter):
     what :class:`~specviz.draft.merged.MergedDrafter` and
     :class:`~specviz.draft.fallback.FallbackDrafter` share. Parts must be drafters that do
     not guess from the target's outputs of earlier steps (:attr:`outputs_reason` says why,
-    in the error); target hidden states reach every part that reads them; :meth:`reset`,
-    :meth:`spawn` and :attr:`tokenizers` cover every part. Subclasses check the number of
-    parts before calling ``__init__``, and :meth:`draft` runs :meth:`draft_steps`.
+    in the error); the parts that read the target's hidden states observe every step (their
+    features follow the context), the others only what :meth:`observes` says;
+    :meth:`reset`, :meth:`spawn` and :attr:`tokenizers` cover every part. Subclasses check
+    the number of parts before calling ``__init__``, and :meth:`draft` runs
+    :meth:`draft_steps`.
     """
 
     #: ends the error for a part that guesses from the target's outputs
@@ -456,12 +535,12 @@ class CompositeDrafter(Drafter):
         for i, d in enumerate(drafters):
             if not isinstance(d, Drafter):
                 raise TypeError(f"drafters[{i}] must be a Drafter, got {type(d).__name__}")
-            if d.needs_target_outputs:
+            if "logits" in d.reads:
                 raise ValueError(f"drafters[{i}] ({d.name}) guesses from the target's outputs{self.outputs_reason}; "
                                  "run it on its own")
         self.drafters = drafters
         # trained heads among the parts read the target's hidden states at the tree's nodes
-        self.needs_target_hidden = any(d.needs_target_hidden for d in drafters)
+        self.reads = frozenset().union(*(d.reads for d in drafters))
 
     @property
     def heads_path(self):
@@ -469,10 +548,15 @@ class CompositeDrafter(Drafter):
         (None if none does): what the benchmark records beside the name."""
         return next((d.heads_path for d in self.drafters if getattr(d, "heads_path", None) is not None), None)
 
-    def observe_hidden(self, step, hidden) -> None:
-        for d in self.drafters:
-            if d.needs_target_hidden:
-                d.observe_hidden(step, hidden)
+    def observes(self, part: int, step) -> bool:
+        """Whether part ``part`` learns from ``step`` beyond the hidden states (none do here;
+        a cascade's part learns from the steps it drafted)."""
+        return False
+
+    def observe(self, step, outputs=None) -> None:
+        for i, d in enumerate(self.drafters):
+            if "hidden" in d.reads or (step is not None and self.observes(i, step)):
+                d.observe(step, outputs)
 
     def provide_features(self, token_ids, features) -> None:
         """Hand the target's features of a sequence to every part that drafts from them
@@ -486,13 +570,17 @@ class CompositeDrafter(Drafter):
     def draft(self, context, config, sibling_sampling, generator) -> DraftTree:
         return run_draft_steps(self.draft_steps(context, config, sibling_sampling, generator))
 
+    @abstractmethod
+    def draft_steps(self, context, config, sibling_sampling, generator):
+        """See :class:`Stepwise`."""
+
     def reset(self) -> None:
         for d in self.drafters:
             d.reset()
 
     def spawn(self) -> "CompositeDrafter":
-        return type(self)([d.spawn() for d in self.drafters])
+        return type(self)([spawn(d) for d in self.drafters])
 
     @property
     def tokenizers(self) -> tuple:
-        return tuple(t for d in self.drafters for t in d.tokenizers)
+        return tuple(t for d in self.drafters for t in tokenizers_of(d))

@@ -16,7 +16,7 @@ from typing import Sequence
 
 import torch
 
-from specviz.draft.base import CompositeDrafter, Drafter
+from specviz.draft.base import CompositeDrafter, Drafter, drafting_steps
 from specviz.sampling import require_deterministic_siblings
 
 __all__ = ["FallbackDrafter"]
@@ -64,16 +64,15 @@ class FallbackDrafter(CompositeDrafter):
         mode = "greedy" if config.greedy else "topk"
         tree = None
         for i, d in enumerate(self.drafters):
-            tree = yield from d.draft_steps(context, config, mode, generator)
+            tree = yield from drafting_steps(d, context, config, mode, generator)
             if tree.n_nodes > 1:
                 self.last_part = i
                 return dataclasses.replace(tree, source=torch.full((tree.n_nodes,), i, dtype=torch.long))
         self.last_part = None
         return tree
 
-    def observe(self, step) -> None:
-        if self.last_part is not None:
-            self.drafters[self.last_part].observe(step)
+    def observes(self, part: int, step) -> bool:
+        return part == self.last_part
 
     def reset(self) -> None:
         super().reset()

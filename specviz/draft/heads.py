@@ -11,8 +11,8 @@
   ``topk=1`` drafts an EAGLE chain.
 
 Both read the target's last hidden states at the committed tokens
-(:attr:`~specviz.draft.Drafter.needs_target_hidden`): the engine passes the prefill's and
-each verification's through :meth:`~specviz.draft.Drafter.observe_hidden`. When a
+(their :attr:`~specviz.draft.Drafter.reads` holds ``"hidden"``): the engine passes the
+prefill's and each verification's through :meth:`~specviz.draft.Drafter.observe`. When a
 drafter is used without them (a direct :meth:`draft` call, a greedy replay, a merged
 tree) it computes the missing ones itself with one teacher-forced target forward over
 the context (:func:`~specviz.heads.target_features`), so it proposes the same trees
@@ -146,7 +146,7 @@ class _TargetFeatures:
         self._known = known  # features of a longer sequence, sliced where the context is its prefix
 
     def observe(self, step, hidden: torch.Tensor) -> None:
-        """Take the engine's hidden states (see :meth:`Drafter.observe_hidden`)."""
+        """Take the engine's hidden states (see :class:`~specviz.draft.base.TargetOutputs`)."""
         hidden = hidden.detach().float().cpu()
         if step is None:
             self.tokens, self.features, self._prefill, self._unknown = [], None, hidden, 0
@@ -192,7 +192,7 @@ class _HeadDrafter(Drafter):
     records it next to the drafter's name.
     """
 
-    needs_target_hidden = True
+    reads = frozenset({"hidden"})
     heads_path = None
 
     def __init__(self, target: LoadedModel, heads, kind: type) -> None:
@@ -233,8 +233,9 @@ class _HeadDrafter(Drafter):
         self._known = (ids, features.detach().float().cpu()) if ids else None
         self.reset()
 
-    def observe_hidden(self, step, hidden: torch.Tensor) -> None:
-        self.features.observe(step, hidden)
+    def observe(self, step, outputs=None) -> None:
+        if outputs is not None and outputs.hidden is not None:
+            self.features.observe(step, outputs.hidden)
 
     @property
     def tokenizers(self) -> tuple:

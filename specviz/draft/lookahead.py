@@ -78,7 +78,7 @@ class JacobiDrafter(Drafter):
     sequence's first step) get tokens drawn from the context.
     """
 
-    needs_target_outputs = True
+    reads = frozenset({"logits"})
 
     def __init__(self, k: int = 5, seed: int = 0) -> None:
         check_int("k", k)
@@ -103,8 +103,10 @@ class JacobiDrafter(Drafter):
                                             if missing > 0 else [])
         return DraftTree.from_lists([ctx[-1]] + guesses, list(range(-1, len(guesses))))
 
-    def observe_target(self, step, logits: torch.Tensor, side_logits: torch.Tensor | None) -> None:
-        preds = logits.argmax(dim=-1).tolist()  # (N,)
+    def observe(self, step, outputs=None) -> None:
+        if outputs is None or outputs.logits is None:
+            return
+        preds = outputs.logits.argmax(dim=-1).tolist()  # (N,)
         acc = step.acceptance
         self._guesses = preds[len(acc.accepted_nodes) + 1:]
         self._next_len = len(self._seen) + len(acc.committed_tokens)
@@ -140,7 +142,7 @@ class LookaheadDrafter(Drafter):
         seed: fixes the window's starting tokens, drawn from the prompt.
     """
 
-    needs_target_outputs = True
+    reads = frozenset({"logits"})
 
     def __init__(self, window: int = 5, ngram: int = 4, guesses: int = 5, pool: str = "jacobi",
                  seed: int = 0) -> None:
@@ -211,9 +213,10 @@ class LookaheadDrafter(Drafter):
         return SideBranch(torch.tensor(tokens), torch.tensor(offsets), self._mask[:m * w, :m * w],
                           torch.tensor(groups), tuple(f"level {level}" for level in range(m)))
 
-    def observe_target(self, step, logits: torch.Tensor, side_logits: torch.Tensor | None) -> None:
-        if side_logits is None:
+    def observe(self, step, outputs=None) -> None:
+        if outputs is None or outputs.side_logits is None:
             return
+        side_logits = outputs.side_logits
         m, w = len(self._levels), self.window
         new = side_logits[(m - 1) * w:m * w].argmax(dim=-1).tolist()  # the top level's predictions, (W,)
         if m == self.ngram - 1:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from specviz.draft.base import CompositeDrafter, Drafter
+from specviz.draft.base import CompositeDrafter, Drafter, drafting_steps, drafting_steps_within, spawn
 from specviz.sampling import check_sibling_sampling, siblings_sampled
 from specviz.tree.trie import merge_trees
 from specviz.validate import check_int
@@ -21,11 +21,11 @@ class MergedDrafter(CompositeDrafter):
     them all. ``tree.source`` tells which drafter proposed each node. Merged siblings
     come from different draft distributions, so the merged tree is deterministic
     (no ``draft_probs``): under sampling use a verifier whose ``sibling_sampling`` is
-    "topk". The sub-drafters draft in "topk" mode and do not receive :meth:`observe`.
+    "topk". The sub-drafters draft in "topk" mode and observe only the target's hidden states.
 
     With a ``budget`` the merged tree never holds more than ``budget`` draft nodes, and
     the parts share them in order: each part may add at most what the parts before it
-    left: each part drafts through :meth:`~specviz.draft.base.Drafter.draft_steps_within`
+    left: each part drafts through :func:`~specviz.draft.base.drafting_steps_within`
     with what is left. A part that grows its tree to a budget of its own (an EAGLE-2
     dynamic tree of the draft model or of a trained head, the n-gram trie) grows it to
     at most that many nodes in that step, so it keeps its best ones by its own ranking;
@@ -58,7 +58,7 @@ class MergedDrafter(CompositeDrafter):
         self.name = f"merged({parts})" if budget is None else f"merged(n={budget}:{parts})"
 
     def spawn(self) -> "MergedDrafter":
-        return MergedDrafter([d.spawn() for d in self.drafters], self.budget)
+        return MergedDrafter([spawn(d) for d in self.drafters], self.budget)
 
     def draft_steps(self, context, config, sibling_sampling, generator):
         check_sibling_sampling(sibling_sampling)
@@ -70,12 +70,12 @@ class MergedDrafter(CompositeDrafter):
         trees = []
         for d in self.drafters:
             if self.budget is None:
-                trees.append((yield from d.draft_steps(context, config, mode, generator)))
+                trees.append((yield from drafting_steps(d, context, config, mode, generator)))
                 continue
             left = self.budget - (merge_trees(trees).budget if trees else 0)
             if left <= 0:
                 break
-            tree = yield from d.draft_steps_within(left, context, config, mode, generator)
+            tree = yield from drafting_steps_within(d, left, context, config, mode, generator)
             # the limit holds even for a drafter whose own draft_steps_within ignores it
             trees.append(tree if tree.budget <= left else tree.subtree(range(left + 1)))
         return merge_trees(trees)

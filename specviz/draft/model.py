@@ -2,7 +2,7 @@
 
 * :class:`ModelDrafter` - the plumbing they share: a :class:`~specviz.draft.base.DraftModelState`
   (the draft model's KV cache for one sequence) and :meth:`~ModelDrafter.draft` serving
-  the forwards that :meth:`~specviz.draft.base.Drafter.draft_steps` requests;
+  the forwards that a :class:`~specviz.draft.base.Stepwise` drafter requests;
 * :class:`TreeDrafter` - a static :class:`~specviz.tree.shapes.TreeShape` filled with the
   draft's ranked (or sampled) candidates; :class:`ChainDrafter` is the chain shape;
 * :class:`DynamicTreeDrafter` - EAGLE-2: grow by cumulative draft log-probability,
@@ -27,7 +27,7 @@ from typing import Generator, Sequence
 
 import torch
 
-from specviz.draft.base import Drafter, DraftModelState, run_draft_steps
+from specviz.draft.base import Drafter, DraftModelState, fresh_copy, run_draft_steps
 from specviz.sampling import (
     SamplingConfig,
     check_sibling_sampling,
@@ -102,14 +102,14 @@ class ModelDrafter(Drafter):
 
     @abstractmethod
     def draft_steps(self, context, config, sibling_sampling, generator):
-        """See :meth:`Drafter.draft_steps`."""
+        """See :class:`~specviz.draft.base.Stepwise`."""
 
     def reset(self) -> None:
         self.state = DraftModelState(self.draft_model.model, head=self._head)
 
     def spawn(self) -> "ModelDrafter":
         if self._head is None:
-            return super().spawn()
+            return fresh_copy(self)
         clone = copy.copy(self)
         clone._head = self._head.fresh()  # the fixed rows shared, the sequence's own tokens per copy
         clone.reset()

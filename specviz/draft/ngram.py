@@ -403,7 +403,7 @@ class AdaptiveNgramDrafter(NgramDrafter):
         self.history.append((0 if match is None else match.length, len(chain)))
         return _lookup_chain(tokens[-1], chain)
 
-    def observe(self, step) -> None:
+    def observe(self, step, outputs=None) -> None:
         """Count, for the latest match's length, which of its continuation tokens the step's
         committed tokens (accepted plus bonus) confirm, and record the step's verification
         time for its tree size.

@@ -18,7 +18,7 @@ import statistics
 
 import torch
 
-from specviz.draft.base import CompositeDrafter
+from specviz.draft.base import CompositeDrafter, drafting_steps, spawn
 from specviz.draft.model import ChainDrafter
 from specviz.draft.ngram import AdaptiveNgramDrafter
 from specviz.sampling import require_deterministic_siblings
@@ -187,7 +187,7 @@ class SwitchDrafter(CompositeDrafter):
     def draft_steps(self, context, config, sibling_sampling, generator):
         require_deterministic_siblings("a switch between drafters", config, sibling_sampling)
         mode = "greedy" if config.greedy else "topk"
-        tree = yield from self.lookup.draft_steps(context, config, mode, generator)
+        tree = yield from drafting_steps(self.lookup, context, config, mode, generator)
         lookup_worth = self.lookup.last_worth
         self._last_catch_up = self._catch_up(len(context))
         model_worth = self.model_worth(self._last_catch_up if self._model_steps else 1)
@@ -201,7 +201,7 @@ class SwitchDrafter(CompositeDrafter):
             bar = max(lookup_worth, 1.0)
         if model_worth > bar:
             self.lookup.withdraw()
-            tree = yield from self.model.draft_steps(context, config, mode, generator)
+            tree = yield from drafting_steps(self.model, context, config, mode, generator)
             part = 1
         else:
             part = 0
@@ -209,12 +209,12 @@ class SwitchDrafter(CompositeDrafter):
         self.last_part = part if tree.n_nodes > 1 else None
         return dataclasses.replace(tree, source=torch.full((tree.n_nodes,), part, dtype=torch.long))
 
-    def observe(self, step) -> None:
+    def observe(self, step, outputs=None) -> None:
         # the lookup part sees every step: its verification-time curve, and what its proposal would have given
-        self.lookup.observe(step)
+        self.lookup.observe(step, outputs)
         if self.last_part != 1:
             return
-        self.model.observe(step)
+        self.model.observe(step, outputs)
         drafted = step.tree.n_nodes - 1
         accepted = step.acceptance.n_accepted
         for i in range(1, min(drafted, accepted + 1) + 1):  # positions reached: all before them accepted
@@ -229,5 +229,5 @@ class SwitchDrafter(CompositeDrafter):
             del self._forward_times[:-self.lookup.time_samples]
 
     def spawn(self) -> "SwitchDrafter":
-        return type(self)([d.spawn() for d in self.drafters], self.draft_cost, *self.prior, self.explore,
+        return type(self)([spawn(d) for d in self.drafters], self.draft_cost, *self.prior, self.explore,
                           self.patience)

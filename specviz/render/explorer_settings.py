@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping
 from specviz.decode.engine import speculative_generate
 from specviz.decode.records import GenerationResult, StepTrace
 from specviz.draft import registry
-from specviz.draft.base import Drafter
+from specviz.draft.base import Drafter, side_branch_of, tokenizers_of
 from specviz.draft.registry import MethodSpec
 from specviz.models.types import ModelPair
 from specviz.sampling import SamplingConfig
@@ -224,30 +224,22 @@ class _ReportingDrafter(Drafter):
     def __init__(self, inner: Drafter, on_step: Callable[[StepTrace], None]) -> None:
         self.inner = inner
         self.name = inner.name
-        self.needs_target_outputs = inner.needs_target_outputs
-        self.needs_target_hidden = inner.needs_target_hidden
+        self.reads = inner.reads
         self._on_step = on_step
-
-    def observe_hidden(self, step, hidden) -> None:
-        """Passed on to ``inner``."""
-        self.inner.observe_hidden(step, hidden)
 
     def draft(self, context, config, sibling_sampling, generator):
         """Passed on to ``inner``."""
         return self.inner.draft(context, config, sibling_sampling, generator)
 
-    def observe(self, step) -> None:
-        """Passed on to ``inner``, then the finished step is reported."""
-        self.inner.observe(step)
-        self._on_step(step)
+    def observe(self, step, outputs=None) -> None:
+        """Passed on to ``inner``, then a finished step (not the prefill) is reported."""
+        self.inner.observe(step, outputs)
+        if step is not None:
+            self._on_step(step)
 
     def side_branch(self, context, tree):
-        """Passed on to ``inner``."""
-        return self.inner.side_branch(context, tree)
-
-    def observe_target(self, step, logits, side_logits) -> None:
-        """Passed on to ``inner``."""
-        self.inner.observe_target(step, logits, side_logits)
+        """``inner``'s side branch (:func:`~specviz.draft.base.side_branch_of`)."""
+        return side_branch_of(self.inner, context, tree)
 
     def reset(self) -> None:
         """Passed on to ``inner``."""
@@ -256,7 +248,7 @@ class _ReportingDrafter(Drafter):
     @property
     def tokenizers(self) -> tuple:
         """``inner``'s tokenizers."""
-        return self.inner.tokenizers
+        return tokenizers_of(self.inner)
 
 
 def run_settings(settings: ExplorerSettings, pair: ModelPair,
