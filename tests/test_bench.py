@@ -10,6 +10,7 @@ import pytest
 from specviz.models.tiny import tiny_pair
 
 import specviz.bench.__main__ as cli
+import specviz.bench.cost_passes as cost_passes
 import specviz.bench.e2e as bench
 
 PROMPTS = (
@@ -105,16 +106,16 @@ def test_greedy_run_writes_rows_and_summary(prompts_file, tmp_path, capsys, use_
     # (timed before the rounds, then once more after each round)
     costs = pd.read_csv(tmp_path / "greedy.costs.csv")
     rounds = [f"q{q}-r0" for q in dict.fromkeys(rows["question_id"])]
-    assert list(dict.fromkeys(costs["pass"])) == [cli.BEFORE_ROUNDS] + rounds
-    for label in [cli.BEFORE_ROUNDS] + rounds:
+    assert list(dict.fromkeys(costs["pass"])) == [cost_passes.BEFORE_ROUNDS] + rounds
+    for label in [cost_passes.BEFORE_ROUNDS] + rounds:
         mine = costs[costs["pass"] == label]
-        assert list(mine.loc[mine["prefix_len"] > 0, "n_tokens"]) == list(cli.CURVE_SIZES)
-    before = costs[costs["pass"] == cli.BEFORE_ROUNDS]
+        assert list(mine.loc[mine["prefix_len"] > 0, "n_tokens"]) == list(cost_passes.CURVE_SIZES)
+    before = costs[costs["pass"] == cost_passes.BEFORE_ROUNDS]
     assert set(before.loc[before["prefix_len"] == 0, "n_tokens"]) == set(rows["prompt_tokens"] - 1)
     for q, label in zip(dict.fromkeys(rows["question_id"]), rounds):  # each round's own prompt
         mine = costs[(costs["pass"] == label) & (costs["prefix_len"] == 0)]
         assert list(mine["n_tokens"]) == [int(rows.loc[rows["question_id"] == q, "prompt_tokens"].iloc[0]) - 1]
-    wall = cli._predicted_wall(rows, tmp_path / "greedy.costs.csv")
+    wall = cost_passes.predicted_wall(rows, tmp_path / "greedy.costs.csv")
     assert wall[timed].gt(0).all() and wall[~timed].isna().all()
     predicted = bench.summarize(rows, METHODS, wall).per_method.set_index("method")
     for method in ("chain-k2", "ngram"):
@@ -172,8 +173,8 @@ def test_resume_skips_done_rows_and_runs_new_ones(prompts_file, tmp_path, capsys
     measured = pd.read_csv(costs)
     # timed before the first run's rounds (the curve and 2 prompt lengths), then after each round of the first
     # run and of the one that added chain-k2 (2 prompts each); the resume with nothing to run timed nothing
-    assert len(measured) == (1 + 4) * len(cli.CURVE_SIZES) + 2 + 4
-    assert list(measured["pass"]).count(cli.BEFORE_ROUNDS) == len(cli.CURVE_SIZES) + 2
+    assert len(measured) == (1 + 4) * len(cost_passes.CURVE_SIZES) + 2 + 4
+    assert list(measured["pass"]).count(cost_passes.BEFORE_ROUNDS) == len(cost_passes.CURVE_SIZES) + 2
     assert cli.main(_argv(prompts_file, out, "--fresh", methods=("plain",))) == 0
     assert len(bench.load_results(out)) == 2
     assert not costs.exists()  # the costs went with the rows they priced (and a peers-only run times none)
@@ -298,9 +299,9 @@ def test_costs_of_a_run_begun_before_passes_were_recorded_gain_the_column(tmp_pa
     old = pd.DataFrame({"model": [tiny_pair.target.name] * 2, "dtype": ["float32"] * 2, "threads": [1, 1],
                         "n_tokens": [1, 2], "prefix_len": [200, 200], "median_ms": [5.0, 6.0], "min_ms": [4.0, 5.0]})
     old.to_csv(path, index=False)
-    cli._append_costs(tiny_pair, [(0, [7], 0, 1)], path, "q1-r0")
+    cost_passes.append_costs(tiny_pair, [(0, [7], 0, 1)], path, "q1-r0")
     costs = pd.read_csv(path)
-    assert list(costs["pass"]) == [cli.BEFORE_ROUNDS, cli.BEFORE_ROUNDS, "q1-r0"]
+    assert list(costs["pass"]) == [cost_passes.BEFORE_ROUNDS, cost_passes.BEFORE_ROUNDS, "q1-r0"]
     pd.testing.assert_frame_equal(costs.iloc[:2].drop(columns="pass"), old)
     assert costs.iloc[2]["prefix_len"] == 0 and costs.iloc[2]["n_tokens"] == 7
 
@@ -315,6 +316,6 @@ def test_the_prediction_takes_the_median_of_every_pass(tmp_path):
     rows = pd.DataFrame({"target": ["t"], "threads": [2], "prompt_tokens": [11], "steps": [4], "drafted": [4],
                          "draft_s": [0.1]})
     # medians: t(1) 50 ms, t(2) 60 ms, prefill of 10 tokens 700 ms; each step verifies 1 + 4 / 4 = 2 tokens
-    assert cli._predicted_wall(rows, path).iloc[0] == pytest.approx(0.7 + 0.1 + 4 * 0.060)
-    assert cli._curve_spread(rows, path) == "one-token forward 50 ms, 40-80 over 3 passes"
-    assert cli._curve_spread(rows.assign(threads=1), path) == ""  # no pass at that thread count
+    assert cost_passes.predicted_wall(rows, path).iloc[0] == pytest.approx(0.7 + 0.1 + 4 * 0.060)
+    assert cost_passes.curve_spread(rows, path) == "one-token forward 50 ms, 40-80 over 3 passes"
+    assert cost_passes.curve_spread(rows.assign(threads=1), path) == ""  # no pass at that thread count

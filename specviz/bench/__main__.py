@@ -46,26 +46,22 @@ import pandas as pd
 import torch
 
 from specviz.bench.cli_args import (
-    UsageError as _UsageError,
-    attention_parser as _attention_parser,
-    check_args as _check_args,
-    check_counts as _check_counts,
-    e2e_parser as _e2e_parser,
-    environment as _environment,
-    grammar_text as _grammar_text,
-    heads_env as _heads_env,
-    profile_parser as _profile_parser,
+    UsageError,
+    attention_parser,
+    check_args,
+    check_counts,
+    e2e_parser,
+    environment,
+    grammar_text,
+    heads_env,
+    profile_parser,
 )
-from specviz.bench.cost_passes import (  # noqa: F401 (the curve's names and _append_costs, read from here too)
-    BEFORE_ROUNDS,
-    CURVE_PREFIX,
-    CURVE_SIZES,
-    append_costs as _append_costs,
-    costs_path as _costs_path,
-    curve_spread as _curve_spread,
-    measure_costs as _measure_costs,
-    measure_round_costs as _measure_round_costs,
-    predicted_wall as _predicted_wall,
+from specviz.bench.cost_passes import (
+    costs_path,
+    curve_spread,
+    measure_costs,
+    measure_round_costs,
+    predicted_wall,
 )
 from specviz.bench.e2e import (
     COLUMNS,
@@ -122,20 +118,20 @@ def _resolve_models(args: argparse.Namespace) -> tuple[tuple[str, str], torch.de
             args.dtype = "fp32" if args.models == "tiny" else resolve_auto(names[0], args.device)
         mode = parse_weight_mode(args.dtype)
     except ValueError as exc:
-        raise _UsageError(f"--dtype: {exc}") from None
+        raise UsageError(f"--dtype: {exc}") from None
     try:
         draft_mode = mode if args.draft_dtype is None or is_auto(args.draft_dtype) else parse_weight_mode(
             args.draft_dtype)
     except ValueError as exc:
-        raise _UsageError(f"--draft-dtype: {exc}") from None
+        raise UsageError(f"--draft-dtype: {exc}") from None
     try:
         device = resolve_device(args.device, mode)
     except ValueError as exc:
-        raise _UsageError(f"--device: {exc}") from None
+        raise UsageError(f"--device: {exc}") from None
     try:
         resolve_device(device, draft_mode)
     except ValueError as exc:
-        raise _UsageError(f"--draft-dtype: {exc}") from None
+        raise UsageError(f"--draft-dtype: {exc}") from None
     args.dtype = mode.name
     args.draft_dtype = draft_mode.name
     args.device = str(device)
@@ -160,11 +156,11 @@ def _existing_rows(out: Path, fresh: bool) -> pd.DataFrame:
     try:
         df = load_results(out)
     except (ValueError, pd.errors.ParserError) as exc:
-        raise _UsageError(f"cannot resume from {out}: {exc}; pass --fresh or another --out") from None
+        raise UsageError(f"cannot resume from {out}: {exc}; pass --fresh or another --out") from None
     for old, new in df.attrs.get("renamed_methods", {}).items():
         print(f"resuming {out}: its rows of {old!r} read as {new!r} (the name's current spelling)")
     if list(df.columns) != list(COLUMNS):
-        raise _UsageError(f"{out} has columns of another version of the benchmark; pass --fresh or another --out")
+        raise UsageError(f"{out} has columns of another version of the benchmark; pass --fresh or another --out")
     from specviz.quant.weights import parse_weight_mode
 
     # Older files name float modes by their torch dtype ("bfloat16"): one name per mode.
@@ -198,18 +194,18 @@ def _check_resumable(existing: pd.DataFrame, expected: dict, out: Path, verifier
     for col, want in expected.items():
         have = set(existing[col].dropna().unique())
         if have and have != {want}:
-            raise _UsageError(f"{out} holds rows with {col}={sorted(map(str, have))}, this run has {col}={want}; "
+            raise UsageError(f"{out} holds rows with {col}={sorted(map(str, have))}, this run has {col}={want}; "
                               "pass --fresh or another --out")
     for method, want in verifiers.items():
         have = set(existing.loc[existing["method"] == method, "verifier"].fillna("").astype(str))
         if have and have != {want}:
-            raise _UsageError(f"{out} holds {method} rows verified with {sorted(have)}, this run uses "
+            raise UsageError(f"{out} holds {method} rows verified with {sorted(have)}, this run uses "
                               f"{want!r}; pass --fresh or another --out")
     for method, want in (heads or {}).items():
         have = set(existing.loc[existing["method"] == method, "drafter"].fillna("").astype(str))
         other = sorted(h for h in have if not h.endswith(f" heads={want}"))
         if other:
-            raise _UsageError(f"{out} holds {method} rows drafted by {other}, this run's heads are {want}; "
+            raise UsageError(f"{out} holds {method} rows drafted by {other}, this run's heads are {want}; "
                               "pass --fresh or another --out")
 
 
@@ -264,13 +260,13 @@ def _print_summary(rows: pd.DataFrame, methods: list[str], predicted_wall: pd.Se
 
 
 def _e2e(argv: list[str]) -> int:
-    parser = _e2e_parser()
+    parser = e2e_parser()
     args = parser.parse_args(argv)
     if args.list_methods:
-        print("methods:\n" + _grammar_text())
+        print("methods:\n" + grammar_text())
         return 0
-    specs = _check_args(args)
-    with _environment(args.heads_env):
+    specs = check_args(args)
+    with environment(args.heads_env):
         return _run(args, specs)
 
 
@@ -280,14 +276,14 @@ def _run(args: argparse.Namespace, specs: list[MethodSpec]) -> int:
     try:
         prompts = load_prompts(args.prompts, limit=args.limit)
     except (OSError, ValueError) as exc:
-        raise _UsageError(str(exc)) from None
+        raise UsageError(str(exc)) from None
     default_out = "bench-greedy.csv" if args.temperature == 0.0 else f"bench-t{args.temperature:g}.csv"
     out = output_path(args.out or default_out)
     existing = _existing_rows(out, args.fresh)
     if args.fresh:
         out.unlink(missing_ok=True)
     if existing.empty:  # the costs belong to the rows they price: none kept, none reused
-        _costs_path(out).unlink(missing_ok=True)
+        costs_path(out).unlink(missing_ok=True)
 
     names, device = _resolve_models(args)
     dtype = args.dtype
@@ -332,8 +328,8 @@ def _run(args: argparse.Namespace, specs: list[MethodSpec]) -> int:
         & (rows["repeat"] < args.repeats)
     rows = rows[keep]
     if args.predict:
-        costs = _costs_path(out)
-        _print_summary(rows, method_names, _predicted_wall(rows, costs), _curve_spread(rows, costs))
+        costs = costs_path(out)
+        _print_summary(rows, method_names, predicted_wall(rows, costs), curve_spread(rows, costs))
     else:
         _print_summary(rows, method_names)
     return 0
@@ -356,14 +352,14 @@ def _measure(args, specs: list[MethodSpec], prompts, rounds, existing: pd.DataFr
         try:
             drafters = {s.name: build_drafter(s, pair) for s in specs if s.is_strategy}
         except (ValueError, TypeError) as exc:
-            raise _UsageError(str(exc)) from None
+            raise UsageError(str(exc)) from None
         ids = {p.question_id: encode_prompt(pair.target.tokenizer, p.text, chat=True) for p in prompts}
         if args.warmup_tokens:
             _warm_up(args, specs, pair, drafters, ids[prompts[rounds[0][1]].question_id],
                      {s.name for *_, todo in rounds for s in todo})
         predict = args.predict and any(s.is_strategy for s in specs)
         if predict:
-            _measure_costs(pair, [len(ids[p.question_id]) - 1 for p in prompts], _costs_path(out))
+            measure_costs(pair, [len(ids[p.question_id]) - 1 for p in prompts], costs_path(out))
         total = sum(len(t) for *_, t in rounds)
         count = 0
         for repeat, i, todo in rounds:
@@ -383,7 +379,7 @@ def _checked_pair(args: argparse.Namespace, specs: list[MethodSpec]):
     from specviz.models.fused import fused_support, layers_of
 
     if layers_of(pair.draft.model) != args.draft_layers:
-        raise _UsageError(f"the draft's layers cannot be fused ({fused_support(pair.draft.model)}); "
+        raise UsageError(f"the draft's layers cannot be fused ({fused_support(pair.draft.model)}); "
                           "pass --draft-layers modules")
     kinds = sorted(set().union(*(heads_kinds(s) for s in specs if s.is_strategy)))
     if kinds:
@@ -393,7 +389,7 @@ def _checked_pair(args: argparse.Namespace, specs: list[MethodSpec]):
             try:
                 print(f"{kind} heads: {find_heads(pair.target.name, kind)}")
             except FileNotFoundError as exc:
-                raise _UsageError(str(exc)) from None
+                raise UsageError(str(exc)) from None
     return pair
 
 
@@ -437,7 +433,7 @@ def _run_round(args: argparse.Namespace, pair, drafters: dict, ids: dict, prompt
     best = max(rows, key=lambda r: r["speedup"])
     timed = ""
     if predict:
-        took = _measure_round_costs(pair, len(ids[qid]) - 1, _costs_path(out), f"q{qid}-r{repeat}")
+        took = measure_round_costs(pair, len(ids[qid]) - 1, costs_path(out), f"q{qid}-r{repeat}")
         timed = f"; cost curve timed again ({took:.1f}s)"
     print(f"       q{qid}: plain {plain_tps:.2f} tok/s; fastest {best['method']} {best['speedup']:.2f}x{timed}")
     return count
@@ -462,7 +458,7 @@ def _attention(argv: list[str]) -> int:
     import specviz.bench.attention as timing
     from specviz.tree.shapes import expansion
 
-    args = _attention_parser().parse_args(argv)
+    args = attention_parser().parse_args(argv)
     try:
         shapes = timing.default_timing_shapes(args.budgets)
         for text in args.shapes:
@@ -478,7 +474,7 @@ def _attention(argv: list[str]) -> int:
         table = timing.time_tree_attention(shapes, batch_sizes=args.batch_sizes, prefix_lens=args.prefix_lens,
                                            dims=dims, dtype=args.dtype, repeats=args.repeats, on_row=progress)
     except (ValueError, TypeError) as exc:
-        raise _UsageError(str(exc)) from None
+        raise UsageError(str(exc)) from None
     out = output_path(args.out)
     table.to_csv(out, index=False)
     cols = ["shape", "budget", "batch_size", "prefix_len", "tree_ms", "per_path_ms", "causal_ms",
@@ -497,19 +493,19 @@ def _profile(argv: list[str]) -> int:
     from specviz.bench.profile import check_profilable
     from specviz.data.prompts import load_prompts
 
-    args = _profile_parser().parse_args(argv)
-    _check_counts(args)
+    args = profile_parser().parse_args(argv)
+    check_counts(args)
     try:
         specs = [parse_method(m) for m in args.methods]
     except ValueError as exc:
-        raise _UsageError(f"{exc}\nmethod grammar:\n{_grammar_text()}") from None
+        raise UsageError(f"{exc}\nmethod grammar:\n{grammar_text()}") from None
     try:
         for spec in specs:
             check_profilable(spec)
         prompts = load_prompts(args.prompts, limit=args.limit)
     except (OSError, ValueError) as exc:
-        raise _UsageError(str(exc)) from None
-    with _environment(_heads_env(args.heads)):
+        raise UsageError(str(exc)) from None
+    with environment(heads_env(args.heads)):
         return _run_profile(args, specs, prompts)
 
 
@@ -536,7 +532,7 @@ def _run_profile(args: argparse.Namespace, specs: list[MethodSpec], prompts) -> 
             table = profile_methods([s.name for s in specs], pair, ids, max_new_tokens=args.max_new_tokens,
                                     on_method=done)
         except (ValueError, TypeError, FileNotFoundError) as exc:
-            raise _UsageError(str(exc)) from None
+            raise UsageError(str(exc)) from None
         table.insert(1, "question_id", prompt.question_id)
         table.insert(2, "category", prompt.category)
         tables.append(table)
@@ -562,7 +558,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _e2e(argv)
         except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
             return exc.code if isinstance(exc.code, int) else 2
-    except _UsageError as exc:
+    except UsageError as exc:
         print(f"specviz.bench: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
