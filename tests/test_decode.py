@@ -126,6 +126,8 @@ def test_the_drafter_protocol_is_three_methods_and_observe_gets_what_a_drafter_r
             assert step is None and outputs.logits is None and tuple(outputs.hidden.shape) == (3, hidden_size)
         else:
             assert len(d.seen) == len(result.steps)
+    with pytest.raises(ValueError, match="reads \\['hiden'\\]"):
+        speculative_generate(tiny_pair.target, Recording(["hiden"]), [3, 4, 5, 6], max_new_tokens=2)
 
 
 def test_plain_generate_matches_transformers_generate(tiny_pair):

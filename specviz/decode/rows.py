@@ -15,7 +15,7 @@ from typing import Sequence
 import torch
 
 from specviz.decode.records import GenerationResult, StepTrace, StopRules
-from specviz.draft.base import Drafter, tokenizers_of
+from specviz.draft.base import TARGET_OUTPUTS, Drafter, tokenizers_of
 from specviz.models.loading import check_same_tokenizer
 from specviz.models.types import LoadedModel
 from specviz.sampling import SamplingConfig
@@ -54,11 +54,16 @@ def check_drafter(target: LoadedModel, drafter: Drafter) -> None:
 
     Raises:
         TypeError: not a :class:`~specviz.draft.base.Drafter`.
+        ValueError: a drafter whose ``reads`` names an output the target does not give.
         TokenizerMismatchError: a tokenizer that differs from the target's
             (:func:`~specviz.models.loading.check_same_tokenizer`).
     """
     if not isinstance(drafter, Drafter):
         raise TypeError(f"drafter must be a specviz Drafter, got {type(drafter).__name__}")
+    unknown = sorted(set(drafter.reads) - TARGET_OUTPUTS)
+    if unknown:
+        raise ValueError(f"drafter {drafter.name!r} reads {unknown}, which the target does not output; "
+                         f"a drafter reads some of {sorted(TARGET_OUTPUTS)}")
     for tok in tokenizers_of(drafter):
         if tok is not target.tokenizer:
             check_same_tokenizer(target.tokenizer, tok)
