@@ -120,10 +120,11 @@ class EngineOptions:
             options = cls()
         elif not isinstance(options, cls):
             raise TypeError(f"options must be an EngineOptions, got {type(options).__name__}")
-        unknown = sorted(set(changes) - {f.name for f in fields(cls)})
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(changes) - set(names))
         if unknown:
             raise TypeError(f"unknown engine option(s) {', '.join(unknown)}; the options are "
-                            f"{', '.join(f.name for f in fields(cls))} (and seed)")
+                            f"{', '.join(names)} (and seed)")
         return replace(options, **changes) if changes else options
 
 
@@ -259,8 +260,9 @@ def _run(target: LoadedModel, drafters: list[Drafter], prompts: list[list[int]],
             row.steps.append(trace)
             with phase("update"):
                 reads_hidden = hidden is not None and "hidden" in row.drafter.reads
-                row.drafter.observe(trace, TargetOutputs(logits[b, :n], logits[b, n:n + s] if side is not None else None,
-                                                         hidden[b, :n] if reads_hidden else None))
+                outputs = TargetOutputs(logits[b, :n], logits[b, n:n + s] if side is not None else None,
+                                        hidden[b, :n] if reads_hidden else None)
+                row.drafter.observe(trace, outputs)
                 acc = trace.acceptance
                 row.commit(acc.committed_tokens, stops)
             if row.stop_reason:

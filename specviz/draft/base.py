@@ -208,16 +208,18 @@ def drafting_steps_within(drafter: Drafter, max_nodes: int, context: torch.Tenso
                           ) -> Generator["DraftForward", torch.Tensor, DraftTree]:
     """:func:`drafting_steps` for a tree of at most ``max_nodes`` draft nodes (a positive
     integer): a :class:`Budgeted` drafter grows it to the smaller of its budget and this
-    one, keeping its best nodes by its own ranking; any other tree is cut to its first
-    ``max_nodes`` nodes (parents come before children, so the cut is a tree).
+    one, keeping its best nodes by its own ranking; any tree still larger (any other
+    drafter's, or a Budgeted one that ignored the limit) is cut to its first ``max_nodes``
+    nodes (parents come before children, so the cut is a tree).
 
     Raises:
         ValueError: ``max_nodes`` not a positive integer.
     """
     check_int("max_nodes", max_nodes)
     if isinstance(drafter, Budgeted):
-        return (yield from drafter.draft_steps_within(max_nodes, context, config, sibling_sampling, generator))
-    tree = yield from drafting_steps(drafter, context, config, sibling_sampling, generator)
+        tree = yield from drafter.draft_steps_within(max_nodes, context, config, sibling_sampling, generator)
+    else:
+        tree = yield from drafting_steps(drafter, context, config, sibling_sampling, generator)
     return tree if tree.budget <= max_nodes else tree.subtree(range(max_nodes + 1))
 
 

@@ -75,9 +75,7 @@ class MergedDrafter(CompositeDrafter):
             left = self.budget - (merge_trees(trees).budget if trees else 0)
             if left <= 0:
                 break
-            tree = yield from drafting_steps_within(d, left, context, config, mode, generator)
-            # the limit holds even for a drafter whose own draft_steps_within ignores it
-            trees.append(tree if tree.budget <= left else tree.subtree(range(left + 1)))
+            trees.append((yield from drafting_steps_within(d, left, context, config, mode, generator)))
         return merge_trees(trees)
 
 
