@@ -72,13 +72,13 @@ def test_probe_measures_the_candidates_once_with_progress_then_reads_the_cache(t
     # the reference is loaded once (bf16, the bar, is a cast of it), each other mode by name
     assert loads == [(str(tiny_dir), "fp32"), (str(tiny_dir), "w8a8-token")]
     assert said[0].startswith(f"auto: probing {tiny_dir} on this machine in fp32, w8a8-token (fp32: the reference;")
-    for line in ["auto: fp32 reference continuations: prompt 1/2: ", "auto: fp32 reference continuations: prompt 2/2",
+    for line in ["auto: fp32 reference continuations (2 prompts decoded together): token 6/6: ",
                  "auto: fp32 (1/2): timing one forward of 1 and of 4 new tokens after 16 (1 repeats)",
                  "auto: fp32 (1/2): agreement 1 (the reference, not measured)", "auto: bf16 (the bar only, untimed)",
                  "auto: bf16 (the bar): agreement, prompt 2/2", "auto: w8a8-token (2/2): loading",
                  "auto: w8a8-token (2/2): agreement with fp32 on 2 prompts (4 tokens per forward)"]:
         assert any(s.startswith(line) for s in said), line
-    assert all(s.endswith("s left") for s in said if " prompt " in s and "/2:" in s)
+    assert all(s.endswith("s left") for s in said if (" prompt " in s and "/2:" in s) or " token " in s)
     assert not any("still running" in s for s in said)  # every step here is shorter than _BEAT_S
     _, entry = _entry(tmp_path)
     assert set(entry["bf16"]) == {"agreement"}  # measured for the bar, not timed
@@ -140,7 +140,7 @@ def test_a_long_step_says_it_still_runs(tiny_dir, tmp_path, monkeypatch):
     auto.probe_weight_modes(str(tiny_dir), ["w8a8-token"], cache=tmp_path, log=said.append, **PROBE)
     beats = [s for s in said if "still running after" in s]
     assert any(s.startswith("auto: w8a8-token (2/2): loading: still running after ") for s in beats), beats
-    assert any(s.startswith("auto: fp32 reference continuations: prompt 2/2: still running after ")
+    assert any(s.startswith("auto: fp32 reference continuations (2 prompts decoded together): still running after ")
                and "s left at the pace so far" in s for s in beats), beats
     count = len(said)
     time.sleep(0.05)

@@ -439,6 +439,10 @@ def test_teacher_forced_agreement_tables(tiny_pair):
     prompts = [Prompt(1, "code", ("def f(x):",)), Prompt(2, "code", ("hello",)), Prompt(3, "qa", ("why?",))]
     texts = reference_texts(target, prompts, max_new_tokens=12)
     assert all(len(t.token_ids) == t.prompt_len + 12 == len(t.reference_choices) for t in texts)
+    steps = []  # decoded together, the same continuations and choices, a progress call per token
+    assert reference_texts(target, prompts, max_new_tokens=12, batch_size=3,
+                           progress=lambda step, total: steps.append((step, total))) == texts
+    assert steps == [(step, 12) for step in range(2, 13)]  # the prefill's token, then one forward each
     table = pd.concat([agreement_table(target, texts), agreement_table(quantized, texts)])
     assert (table.loc[table.weight_mode == "fp32", "agreement"] == 1.0).all()
     assert (table.continuation_positions == 13).all()

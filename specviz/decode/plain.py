@@ -14,7 +14,7 @@ T = prompt plus continuation tokens.
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -80,7 +80,7 @@ def _next_token(logits: torch.Tensor, config: SamplingConfig, generator: torch.G
 def plain_generate_batch(target: LoadedModel, prompts: Sequence[str | Sequence[int]], *, max_new_tokens: int = 64,
                          batch_size: int = 16, chat: bool = True, stop_at_eos: bool = True,
                          config: SamplingConfig = GREEDY, seed: int | Sequence[int] = 0,
-                         features: bool = False
+                         features: bool = False, progress: Callable[[int, int], None] | None = None
                          ) -> list[GenerationResult] | list[tuple[GenerationResult, torch.Tensor]]:
     """Target-only decoding of many prompts, ``batch_size`` rows per forward.
 
@@ -113,6 +113,10 @@ def plain_generate_batch(target: LoadedModel, prompts: Sequence[str | Sequence[i
             and one more forward of a finished row for its last token. Draft heads learn
             from these (:func:`specviz.heads.build_corpus`), so their training data needs
             no second, teacher-forced pass over the sequences.
+        progress: called as ``progress(tokens, max_new_tokens)`` after each decode forward
+            of a batch, ``tokens`` the new tokens of each row so far (from 2: the prefill
+            gives the first; every batch counts again), for a caller that reports the time
+            left.
         Other arguments as in :func:`plain_generate`.
 
     Returns:
@@ -141,13 +145,14 @@ def plain_generate_batch(target: LoadedModel, prompts: Sequence[str | Sequence[i
         chunk = order[start:start + batch_size]
         gens = [make_generator(seeds[i]) for i in chunk]
         for i, result in zip(chunk, _plain_batch(target, [encoded[i] for i in chunk], max_new_tokens, stop_at_eos,
-                                                 config, gens, features)):
+                                                 config, gens, features, progress)):
             results[i] = result
     return results
 
 
 def _plain_batch(target: LoadedModel, prompts: list[list[int]], max_new_tokens: int, stop_at_eos: bool,
-                 config: SamplingConfig, generators: list[torch.Generator], features: bool = False) -> list:
+                 config: SamplingConfig, generators: list[torch.Generator], features: bool = False,
+                 progress: Callable[[int, int], None] | None = None) -> list:
     """One batch of :func:`plain_generate_batch` (row ``b`` samples with ``generators[b]``;
     with ``features``, a finished row stays for one more forward, which feeds its last
     token for that token's hidden state and samples nothing)."""
@@ -189,6 +194,8 @@ def _plain_batch(target: LoadedModel, prompts: list[list[int]], max_new_tokens: 
             hid = hid[:, -1].float().cpu()  # (B, H)
         logits = logits[:, -1]  # (B, V)
         step += 1
+        if progress is not None:
+            progress(min(step + 1, max_new_tokens), max_new_tokens)
         keep = []
         for r, b in enumerate(active):
             if features:
