@@ -210,13 +210,17 @@ class _Run:
         with _beat(self.log, "fp32 reference: loading"):
             self.reference = load_model(self.name, "fp32", self.cache, device="cpu")
         chosen = load_prompts(limit=self.prompts)
-        what = f"fp32 reference continuations ({len(chosen)} prompts decoded together)"
+        together = len(chosen) > 1
+        what = (f"fp32 reference continuations ({len(chosen)} prompts decoded together)" if together
+                else "fp32 reference continuation (1 prompt)")
         self.log(f"auto: fp32 reference: loaded in {time.perf_counter() - start:.0f} s; greedy continuations of "
-                 f"{len(chosen)} prompts x {self.tokens} tokens, decoded together")
+                 f"{len(chosen)} prompts x {self.tokens} tokens{', decoded together' if together else ''}")
         start, done = time.perf_counter(), [0]
 
         def left() -> float | None:  # seconds left at the pace so far (None before the first token, after the last)
-            return (time.perf_counter() - start) / done[0] * (self.tokens - done[0]) if 0 < done[0] < self.tokens else None
+            if not 0 < done[0] < self.tokens:
+                return None
+            return (time.perf_counter() - start) / done[0] * (self.tokens - done[0])
 
         def progress(step: int, steps: int) -> None:
             done[0] = step
@@ -368,7 +372,8 @@ def probe_weight_modes(name, modes: Sequence[str] | None = None, *, cache: str |
         prompts, tokens: the accuracy measurement: the first ``prompts`` prompts of the shipped
             set (one per category at 7), ``tokens`` fp32 greedy tokens each, decoded together.
         prefix_len, repeats: the cost measurement (prefix tokens in the cache, timed repeats).
-        log: progress messages: the modes and why, then lines per stage with the time left (nothing when the cache has the answer).
+        log: progress messages: the modes and why, then lines per stage with the time left
+            (nothing when the cache has the answer).
 
     Returns:
         One row per measured mode: ``weight_mode, t1_ms, t4_ms, step_ms`` (t1 + t4),

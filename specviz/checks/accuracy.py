@@ -7,7 +7,8 @@ often its output can follow the reference's token for token.
 
 :func:`reference_texts` runs the reference once per prompt, or on a batch of prompts at a
 time (continuation and argmax); :func:`agreement_table` then needs only the model under
-test, so the reference and each mode can be loaded one at a time; :func:`agreement_by_category` sums the table up.
+test, so the reference and each mode can be loaded one at a time;
+:func:`agreement_by_category` sums the table up.
 
 Dimension legend: L = tokens of prompt + continuation.
 """
