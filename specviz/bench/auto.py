@@ -179,10 +179,16 @@ def _beat(log: Callable[[str], None], what: str, pace: float | Callable[[], floa
         thread.join()
 
 
+def _seconds_left(done: int, total: int, start: float) -> float:
+    """Seconds the ``total - done`` items left take at the pace of the ``done`` (at least one)
+    since ``start``."""
+    return (time.perf_counter() - start) / done * (total - done)
+
+
 def _progress(what: str, done: int, total: int, start: float) -> str:
     """``auto: <what> <done>/<total>: <s> s, about <s> s left`` (the rest at the pace so far)."""
     spent = time.perf_counter() - start
-    return f"auto: {what} {done}/{total}: {spent:.0f} s, about {spent / done * (total - done):.0f} s left"
+    return f"auto: {what} {done}/{total}: {spent:.0f} s, about {_seconds_left(done, total, start):.0f} s left"
 
 
 class _Run:
@@ -218,9 +224,7 @@ class _Run:
         start, done = time.perf_counter(), [0]
 
         def left() -> float | None:  # seconds left at the pace so far (None before the first token, after the last)
-            if not 0 < done[0] < self.tokens:
-                return None
-            return (time.perf_counter() - start) / done[0] * (self.tokens - done[0])
+            return _seconds_left(done[0], self.tokens, start) if 0 < done[0] < self.tokens else None
 
         def progress(step: int, steps: int) -> None:
             done[0] = step
