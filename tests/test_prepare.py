@@ -62,6 +62,28 @@ def _progress_lines(err: str) -> list[str]:
     return [line for line in err.splitlines() if line.startswith("[specviz]")]
 
 
+def test_dequantizing_parses_each_gguf_file_once_and_restores_the_reader(tmp_path):
+    import gguf
+    import numpy as np
+
+    path = tmp_path / "small.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_uint32("specviz.test", 7)
+    writer.add_tensor("weight", np.arange(8, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    original = gguf.GGUFReader
+    with models._one_gguf_parse():
+        first = gguf.GGUFReader(path)
+        assert gguf.GGUFReader(str(path)) is first  # the config, tokenizer and weight loads share one parse
+        assert first.fields["specviz.test"].contents() == 7
+        assert np.array_equal(first.tensors[0].data, np.arange(8, dtype=np.float32))
+    assert gguf.GGUFReader is original
+    assert gguf.GGUFReader(path) is not first
+
+
 def test_first_load_reports_each_stage_once_and_a_cached_load_is_silent(fake_model, tmp_path, capsys):
     spec, calls = fake_model
     cache = tmp_path / "cache"

@@ -11,6 +11,7 @@ import time
 import pandas as pd
 import pytest
 
+from specviz.study.cluster import StudyCluster
 from specviz.study.__main__ import main
 from specviz.study.presets import NotebookRun, Preset, StudyConfigError
 from specviz.study.runner import run_study
@@ -148,6 +149,7 @@ def test_workers_and_scheduler_are_checked(tmp_path, capsys, monkeypatch):
         raise AssertionError("auto was resolved (a probe of this machine) before the scheduler was checked")
 
     monkeypatch.setattr(auto, "resolve_auto", no_probe)
+    monkeypatch.setattr(StudyCluster, "connect_timeout", "1s")  # nothing listens there: no need to wait 10 s
     with pytest.raises(StudyConfigError, match="not both"):
         run_study("smoke", out_dir=tmp_path, workers=2, scheduler="tcp://127.0.0.1:1")
     with pytest.raises(StudyConfigError, match="workers"):

@@ -36,6 +36,9 @@ class StudyCluster:
         log: where the dashboard address and the worker layout are reported.
     """
 
+    #: how long an existing scheduler has to answer before the run stops with an error
+    connect_timeout = "10s"
+
     def __init__(self, *, workers: int | None = None, scheduler: str | None = None,
                  log: Callable[[str], None] = print) -> None:
         if (workers is None) == (not scheduler):
@@ -69,7 +72,7 @@ class StudyCluster:
                      f"scheduler {self.address}; dashboard {self.cluster.dashboard_link}")
         else:
             try:
-                self.client = Client(self.scheduler, set_as_default=False, timeout="10s")
+                self.client = Client(self.scheduler, set_as_default=False, timeout=self.connect_timeout)
             except (OSError, TimeoutError, ValueError) as err:
                 from specviz.study.presets import StudyConfigError
 
