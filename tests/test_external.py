@@ -1,6 +1,7 @@
-"""Other tools' results (specviz.metrics.external): Spec-Bench answer files, vLLM, SGLang and
-llama.cpp logs read from sample files in those tools' formats, with exact numbers; format
-detection; malformed input; and the Spec-Bench round trip of specviz step tables."""
+"""Other tools' results (specviz.metrics.external): Spec-Bench answer files, vLLM, SGLang, llama.cpp
+and llama-server logs and vLLM's Prometheus counters read from sample files in those tools' formats,
+with exact numbers; format detection; malformed input; and the Spec-Bench round trip of specviz step
+tables."""
 
 import json
 import math
@@ -13,8 +14,9 @@ from specviz.decode.engine import speculative_generate
 from specviz.decode.records import StepRecord, records_from_result
 from specviz.draft.model import ChainDrafter
 from specviz.metrics import (EXTERNAL_TOOLS, ExternalCounters, acceptance_summary, counters_from_steps, counters_table,
-                             detect_format, llama_cpp_runs, parse_llama_cpp_log, parse_sglang_log, parse_vllm_log,
-                             read_external, read_specbench_answers, records_table, write_specbench_answers)
+                             detect_format, llama_cpp_runs, parse_llama_cpp_log, parse_llama_server_log,
+                             parse_sglang_log, parse_vllm_log, parse_vllm_metrics, read_external,
+                             read_specbench_answers, records_table, write_specbench_answers)
 
 DATA = Path(__file__).parent / "data" / "external"
 SPECBENCH = DATA / "specbench_eagle.jsonl"
@@ -22,6 +24,8 @@ VLLM_V1 = DATA / "vllm_v1.log"
 VLLM_V0 = DATA / "vllm_v0.log"
 SGLANG = DATA / "sglang.log"
 LLAMA = DATA / "llama_speculative_simple.log"
+LLAMA_SERVER = DATA / "llama_server.log"
+VLLM_METRICS = DATA / "vllm_metrics.prom"
 
 # accept_lengths of the Spec-Bench sample, minus the bonus token, in file order
 SPECBENCH_ACCEPTED = [3, 0, 2, 4, 1, 1, 5, 0, 2, 2, 2, 0, 3, 0, 1, 6, 4, 4, 1, 0, 3, 2]
@@ -198,6 +202,68 @@ def test_llama_cpp_several_runs_add_up():
     assert [x.steps for x in parse_llama_cpp_log(two, per_interval=True)] == [34, 24]
 
 
+def test_llama_server_tasks_with_the_statistics_exact_steps():
+    (run,) = parse_llama_server_log(LLAMA_SERVER)
+    # the tasks' tokens add up to the eagle3 statistics' (167 + 60, 259 + 120), so its 127 drafts are the steps
+    assert (run.accepted, run.drafted, run.steps, run.emitted, run.intervals) == (227, 379, 127, 354, 2)
+    assert run.tau == pytest.approx(1 + 227 / 127) and run.acceptance_rate == pytest.approx(227 / 379)
+    # positions weighted by each task's steps as recovered from its rounded rates: 167 / 1.92 and 60 / 1.5
+    w0, w1 = 167 / 1.920, 60 / 1.5
+    assert run.per_position == pytest.approx([(p * w0 + q * w1) / (w0 + w1)
+                                              for p, q in ((0.805, 0.75), (0.632, 0.5), (0.483, 0.25))])
+    assert run.per_position[0] == pytest.approx(100 / 127, abs=2e-3)  # the statistics' '#acc drafts' / drafts
+    assert run.given == ("steps", "accepted", "drafted") and run.label == "llama_server.log"
+
+
+def test_llama_server_per_task_and_per_implementation():
+    t0, t5, stats = parse_llama_server_log(LLAMA_SERVER, per_interval=True)
+    assert [c.label for c in (t0, t5, stats)] == ["llama_server.log slot 0 task 0", "llama_server.log slot 1 task 5",
+                                                  "llama_server.log draft-eagle3"]
+    assert (t0.accepted, t0.drafted, t0.tau, t0.per_position) == (167, 259, 2.92, (0.805, 0.632, 0.483))
+    assert math.isnan(t0.steps) and t0.num_speculative_tokens == 3 and "tau" in t0.given
+    assert (stats.steps, stats.accepted, stats.drafted, stats.per_position) == (127, 227, 379, (100 / 127,))
+    assert stats.tau == pytest.approx(1 + 227 / 127)
+
+
+def test_llama_server_older_lines_and_statistics_alone():
+    old = "slot print_timing: id  0 | task 3 | \ndraft acceptance rate = 0.64479 (  167 accepted /   259 generated)\n"
+    (c,) = parse_llama_server_log(old)
+    assert (c.accepted, c.drafted, c.acceptance_rate, c.label) == (167, 259, 167 / 259, "<text>")
+    assert math.isnan(c.tau) and c.per_position == ()  # no steps printed: tau is not guessed
+    stats = "statistics ngram-map: #gen drafts = 10, #acc drafts = 4, #gen tokens = 40, #acc tokens = 9\n"
+    early = "statistics ngram-map: #gen drafts = 4, #acc drafts = 1, #gen tokens = 16, #acc tokens = 2\n"
+    (s,) = parse_llama_server_log(early + stats)  # running totals: the last line counts
+    assert (s.steps, s.tau, s.per_position, s.intervals) == (10, 1.9, (0.4,), 1)
+    # tasks whose tokens differ from the statistics' (an earlier run's) keep their own, inexact steps
+    (mixed,) = parse_llama_server_log(old + stats)
+    assert mixed.accepted == 167 and math.isnan(mixed.steps)
+    with pytest.raises(ValueError, match=r"line 1: a llama-server 'statistics ngram-map:' line without '#acc tokens"):
+        parse_llama_server_log("statistics ngram-map: #gen drafts = 10, #acc drafts = 4, #gen tokens = 40\n")
+    with pytest.raises(ValueError, match=r"line 1: .*more accepted \(9\) than generated \(4\)"):
+        parse_llama_server_log("draft acceptance = 2.25 (  9 accepted /   4 generated)")
+    with pytest.raises(ValueError, match="expected llama-server's 'draft acceptance"):
+        parse_llama_server_log("slot print_timing: id  0 | task 3 |\n")
+
+
+def test_vllm_prometheus_counters_are_exact():
+    (c,) = parse_vllm_metrics(VLLM_METRICS)
+    assert (c.steps, c.drafted, c.accepted, c.emitted, c.intervals) == (127, 381, 227, 354, 2)
+    assert c.tau == pytest.approx(1 + 227 / 127) and c.num_speculative_tokens == 3
+    assert c.per_position == pytest.approx((100 / 127, 75 / 127, 52 / 127))
+    assert sum(c.per_position) == pytest.approx(c.tau - 1)
+    e0, e1 = parse_vllm_metrics(VLLM_METRICS, per_interval=True)
+    assert e0.label == "engine=0, model_name=Qwen/Qwen2.5-Coder-1.5B-Instruct"
+    assert (e1.steps, e1.accepted, e1.per_position) == (40, 60, (0.75, 0.5, 0.25))
+    text = VLLM_METRICS.read_text()
+    lacking = "\n".join(line for line in text.splitlines() if "draft_tokens" not in line or 'engine="1"' not in line)
+    with pytest.raises(ValueError, match=r'series \{engine="1", .*\} lacks vllm:spec_decode_num_draft_tokens_total'):
+        parse_vllm_metrics(lacking)
+    with pytest.raises(ValueError, match="without a position"):
+        parse_vllm_metrics(text.replace('position="1"', 'pos="1"'))
+    with pytest.raises(ValueError, match="expected vLLM's Prometheus counters"):
+        parse_vllm_metrics("vllm:generation_tokens_total 5.0\n")
+
+
 # -- one table for all ----------------------------------------------------------------------------
 
 def test_counters_table_uses_specviz_column_names():
@@ -231,7 +297,8 @@ def test_counters_hold_floats_and_name_what_was_given():
 # -- detection and malformed input ----------------------------------------------------------------
 
 @pytest.mark.parametrize("path, fmt", [(SPECBENCH, "spec-bench"), (VLLM_V1, "vllm"), (VLLM_V0, "vllm"),
-                                       (SGLANG, "sglang"), (LLAMA, "llama.cpp")])
+                                       (SGLANG, "sglang"), (LLAMA, "llama.cpp"), (LLAMA_SERVER, "llama-server"),
+                                       (VLLM_METRICS, "vllm-metrics")])
 def test_formats_are_detected(path, fmt):
     assert detect_format(path.read_text()) == fmt
     table = read_external(path)
@@ -245,7 +312,7 @@ def test_read_external_returns_counters_of_logs_and_steps_of_answers():
     assert read_external(str(LLAMA)).loc[0, "steps"] == 34
     assert read_external(LLAMA, label="gpu-run").loc[0, "label"] == "gpu-run"
     assert len(read_external(SPECBENCH)) == 22
-    assert set(EXTERNAL_TOOLS) == {"spec-bench", "vllm", "sglang", "llama.cpp"}
+    assert set(EXTERNAL_TOOLS) == {"spec-bench", "vllm", "vllm-metrics", "sglang", "llama.cpp", "llama-server"}
     with pytest.raises(ValueError, match="unknown tool 'tgi'"):
         read_external(LLAMA, tool="tgi")
     # forcing a tool on the wrong file says what that tool's parser expected

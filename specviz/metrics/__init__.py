@@ -2,7 +2,7 @@
 live traces and from tables of replayed steps alike (:mod:`~specviz.metrics.acceptance`);
 bootstrap intervals over prompts (:mod:`~specviz.metrics.intervals`); the draft's
 calibration (:mod:`~specviz.metrics.calibration`); other tools' results (Spec-Bench answers,
-vLLM, SGLang and llama.cpp logs) in the same tables (:mod:`~specviz.metrics.external`)."""
+vLLM, SGLang, llama.cpp and llama-server logs, vLLM's Prometheus counters) in the same tables (:mod:`~specviz.metrics.external`)."""
 
 from specviz.metrics.acceptance import *  # noqa: F401,F403
 from specviz.metrics.calibration import *  # noqa: F401,F403

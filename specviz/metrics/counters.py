@@ -18,7 +18,8 @@ import pandas as pd
 
 from specviz.metrics.acceptance import check_step_table, per_position_acceptance, step_groups
 
-__all__ = ["POSITION_PREFIX", "ExternalCounters", "complete_counters", "counters_from_steps", "counters_table"]
+__all__ = ["POSITION_PREFIX", "ExternalCounters", "complete_counters", "recovered_steps", "combine_intervals",
+           "counters_from_steps", "counters_table"]
 
 #: prefix of the per-position acceptance columns of :func:`counters_table` (``p_accept_1``, ...)
 POSITION_PREFIX = "p_accept_"
@@ -109,6 +110,43 @@ def complete_counters(c: ExternalCounters) -> ExternalCounters:
         if d > 0:
             fill("acceptance_rate", v["accepted"] / d)
     return ExternalCounters(**v)
+
+
+def recovered_steps(c: ExternalCounters) -> float:
+    """``c.steps`` where known, else the steps recovered from its printed (rounded) ratios:
+    accepted over the sum of the per-position rates (as P(accepted >= k) they add up to tau - 1),
+    else over tau - 1; NaN when neither is printed."""
+    if not math.isnan(c.steps):
+        return c.steps
+    if c.accepted == 0:
+        return 0.0 if c.drafted == 0 else math.nan
+    ratio = sum(c.per_position) if c.per_position else c.tau - 1.0
+    return c.accepted / ratio if ratio > 0 else math.nan
+
+
+def combine_intervals(parts: Sequence[ExternalCounters], source: str, label: str) -> ExternalCounters:
+    """One run's counters from those of its logged intervals (or tasks): accepted and drafted
+    counts summed; tau and the per-position rates weighted by each part's steps
+    (:func:`recovered_steps`), so NaN where a part's steps cannot be recovered. ``steps`` is
+    their sum only where every part printed its own."""
+    if len(parts) == 1:
+        return parts[0]
+    accepted = sum(p.accepted for p in parts)
+    drafted = sum(p.drafted for p in parts)
+    weights = [recovered_steps(p) for p in parts]
+    steps = sum(weights)
+    exact = all("steps" in p.given for p in parts)
+    depths = {len(p.per_position) for p in parts}
+    per_position: tuple[float, ...] = ()
+    if not math.isnan(steps) and steps > 0 and len(depths) == 1 and 0 not in depths:
+        per_position = tuple(sum(p.per_position[i] * w for p, w in zip(parts, weights)) / steps
+                             for i in range(depths.pop()))
+    return ExternalCounters(
+        source, label, steps=steps if exact else math.nan, drafted=drafted, accepted=accepted,
+        emitted=accepted + steps if exact else math.nan, tau=1.0 + accepted / steps if steps > 0 else math.nan,
+        per_position=per_position, acceptance_rate=accepted / drafted if drafted else math.nan,
+        num_speculative_tokens=len(per_position) or math.nan, intervals=len(parts),
+        given=("steps", "accepted", "drafted") if exact else ("accepted", "drafted"))
 
 
 def counters_from_steps(steps: pd.DataFrame, *, by: Sequence[str] = (), source: str | None = None,

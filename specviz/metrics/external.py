@@ -10,10 +10,13 @@ Two kinds of results come from elsewhere:
   own tooling.
 * **counters** - serving engines print running totals or per-interval averages in their
   logs: vLLM (``SpecDecoding metrics:`` in V1, ``Speculative metrics:`` in the older engine),
-  SGLang (``Decode batch ... accept len:``) and llama.cpp's ``llama-speculative`` /
-  ``llama-speculative-simple`` (``n_predict = ..., n_drafted = ..., n_accept = ...``).
-  :func:`parse_vllm_log`, :func:`parse_sglang_log` and :func:`parse_llama_cpp_log` read them
-  into :class:`ExternalCounters`; :func:`counters_table` lays any number of them (and
+  SGLang (``Decode batch ... accept len:``), llama.cpp's ``llama-speculative`` /
+  ``llama-speculative-simple`` (``n_predict = ..., n_drafted = ..., n_accept = ...``) and
+  ``llama-server`` (``draft acceptance = ...`` per task, ``statistics <draft>: ...``), and vLLM
+  exports Prometheus counters (``vllm:spec_decode_num_drafts_total``, per position too).
+  :func:`parse_vllm_log`, :func:`parse_sglang_log`, :func:`parse_llama_cpp_log`,
+  :func:`parse_llama_server_log` and :func:`parse_vllm_metrics` read them into
+  :class:`ExternalCounters`; :func:`counters_table` lays any number of them (and
   :func:`counters_from_steps` of specviz or Spec-Bench step tables) side by side with the
   column names of specviz's summaries.
 
@@ -29,7 +32,8 @@ parsers say where a number rests on rounded prints or on averaging logged interv
 
 Each format has its own module, and every name is importable from here too:
 :mod:`~specviz.metrics.specbench` (Spec-Bench answer files), :mod:`~specviz.metrics.vllm_log`,
-:mod:`~specviz.metrics.sglang_log` and :mod:`~specviz.metrics.llama_cpp_log` (the logs),
+:mod:`~specviz.metrics.sglang_log`, :mod:`~specviz.metrics.llama_cpp_log` and
+:mod:`~specviz.metrics.llama_server_log` (the logs), :mod:`~specviz.metrics.vllm_metrics` (the scrape),
 :mod:`~specviz.metrics.counters` (the common record and table) and
 :mod:`~specviz.metrics.sources` (a path or the text itself).
 """
@@ -44,10 +48,12 @@ import pandas as pd
 
 from specviz.metrics.counters import POSITION_PREFIX, ExternalCounters, counters_from_steps, counters_table
 from specviz.metrics.llama_cpp_log import llama_cpp_runs, parse_llama_cpp_log
+from specviz.metrics.llama_server_log import LLAMA_SERVER_STATISTICS, LLAMA_SERVER_TASK, parse_llama_server_log
 from specviz.metrics.sglang_log import parse_sglang_log
 from specviz.metrics.sources import read_source
 from specviz.metrics.specbench import read_specbench_answers, write_specbench_answers
 from specviz.metrics.vllm_log import VLLM_V0_MARK, VLLM_V1_MARK, parse_vllm_log
+from specviz.metrics.vllm_metrics import VLLM_METRICS_MARK, parse_vllm_metrics
 
 __all__ = [
     "EXTERNAL_TOOLS",
@@ -58,6 +64,8 @@ __all__ = [
     "parse_vllm_log",
     "parse_sglang_log",
     "parse_llama_cpp_log",
+    "parse_llama_server_log",
+    "parse_vllm_metrics",
     "llama_cpp_runs",
     "counters_from_steps",
     "counters_table",
@@ -66,7 +74,7 @@ __all__ = [
 ]
 
 #: the formats :func:`read_external` reads
-EXTERNAL_TOOLS = ("spec-bench", "vllm", "sglang", "llama.cpp")
+EXTERNAL_TOOLS = ("spec-bench", "vllm", "vllm-metrics", "sglang", "llama.cpp", "llama-server")
 
 
 # -- detection ------------------------------------------------------------------------------------
@@ -78,14 +86,20 @@ def detect_format(text: str) -> str | None:
         return "spec-bench"
     if VLLM_V1_MARK in text or VLLM_V0_MARK in text:
         return "vllm"
+    if re.search(r"^\s*" + re.escape(VLLM_METRICS_MARK), text, re.MULTILINE):
+        return "vllm-metrics"
     if re.search(r"Decode batch\b.*\baccept len:", text):
         return "sglang"
     if re.search(r"^[^=]*?\bn_drafted\s*=\s*-?\d+\s*$", text, re.MULTILINE):
         return "llama.cpp"
+    if LLAMA_SERVER_TASK.search(text) or any(
+            (m := LLAMA_SERVER_STATISTICS.search(line)) and "#gen drafts" in m.group(2) for line in text.splitlines()):
+        return "llama-server"
     return None
 
 
-_PARSERS = {"vllm": parse_vllm_log, "sglang": parse_sglang_log, "llama.cpp": parse_llama_cpp_log}
+_PARSERS = {"vllm": parse_vllm_log, "vllm-metrics": parse_vllm_metrics, "sglang": parse_sglang_log,
+            "llama.cpp": parse_llama_cpp_log, "llama-server": parse_llama_server_log}
 
 
 def read_external(source: str | os.PathLike, *, tool: str | None = None, label: str | None = None) -> pd.DataFrame:
@@ -98,7 +112,8 @@ def read_external(source: str | os.PathLike, *, tool: str | None = None, label: 
 
     Returns:
         For a Spec-Bench answer file, the step table of :func:`read_specbench_answers`; for a
-        vLLM, SGLang or llama.cpp log, the one-row :func:`counters_table` of the run. Either
+        vLLM, SGLang, llama.cpp or llama-server log or a vLLM scrape, the one-row
+        :func:`counters_table` of the run. Either
         way ``attrs["source"]`` names the tool.
 
     Raises:
@@ -112,7 +127,9 @@ def read_external(source: str | os.PathLike, *, tool: str | None = None, label: 
     if fmt is None:
         raise ValueError(f"{name}: unknown format; expected Spec-Bench answers (jsonl with 'choices' and "
                          "'accept_lengths'), vLLM 'SpecDecoding metrics:' / 'Speculative metrics:' lines, SGLang "
-                         "'Decode batch ... accept len:' lines or llama.cpp's 'n_drafted = N' run summary")
+                         "'Decode batch ... accept len:' lines, llama.cpp's 'n_drafted = N' run summary, "
+                         "llama-server's 'draft acceptance = X (N accepted / M generated)' lines or vLLM's "
+                         "Prometheus 'vllm:spec_decode_num_...' counters")
     if fmt == "spec-bench":
         return read_specbench_answers(text, name=name)
     counters = _PARSERS[fmt](text, label=label if label is not None else Path(name).name, name=name)

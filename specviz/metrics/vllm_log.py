@@ -12,7 +12,7 @@ import os
 import re
 from pathlib import Path
 
-from specviz.metrics.counters import ExternalCounters, complete_counters
+from specviz.metrics.counters import ExternalCounters, combine_intervals, complete_counters
 from specviz.metrics.sources import LOG_NUMBER, read_source
 
 __all__ = ["VLLM_V1_MARK", "VLLM_V0_MARK", "parse_vllm_log"]
@@ -63,37 +63,6 @@ def _v1_counters(rec: dict, label: str) -> ExternalCounters:
         "vllm", label, drafted=rec["drafted"], accepted=rec["accepted"], tau=rec["tau"],
         per_position=rec["per_position"], num_speculative_tokens=len(rec["per_position"]) or math.nan,
         given=tuple(given)))
-
-
-def _v1_drafts(rec: dict) -> float:
-    """An interval's number of drafts, recovered from its printed (rounded) ratios: accepted
-    over the sum of the per-position rates (3 decimals each), else over tau - 1 (2 decimals)."""
-    if rec["accepted"] == 0:
-        return 0.0 if rec["drafted"] == 0 else math.nan
-    ratio = sum(rec["per_position"]) if rec["per_position"] else rec["tau"] - 1.0
-    return rec["accepted"] / ratio if ratio > 0 else math.nan
-
-
-def _v1_total(recs: list[dict], label: str) -> ExternalCounters:
-    """The counters of a V1 run: the intervals' counts summed, their ratios weighted by
-    their drafts (:func:`_v1_drafts`)."""
-    if len(recs) == 1:
-        return _v1_counters(recs[0], label)
-    accepted = sum(r["accepted"] for r in recs)
-    drafted = sum(r["drafted"] for r in recs)
-    weights = [_v1_drafts(r) for r in recs]
-    drafts = sum(weights)
-    tau = 1.0 + accepted / drafts if drafts > 0 else math.nan
-    k = {len(r["per_position"]) for r in recs}
-    per_position: tuple[float, ...] = ()
-    if not math.isnan(drafts) and drafts > 0 and len(k) == 1 and 0 not in k:
-        per_position = tuple(sum(r["per_position"][i] * w for r, w in zip(recs, weights)) / drafts
-                             for i in range(k.pop()))
-    return ExternalCounters(
-        "vllm", label, drafted=drafted, accepted=accepted, tau=tau, per_position=per_position,
-        acceptance_rate=accepted / drafted if drafted else math.nan,
-        num_speculative_tokens=len(per_position) or math.nan, intervals=len(recs),
-        given=("accepted", "drafted"))
 
 
 def _v0_line(body: str, where: str) -> dict:
@@ -168,7 +137,7 @@ def parse_vllm_log(source: str | os.PathLike, *, label: str | None = None, per_i
     if v1:
         if per_interval:
             return [_v1_counters(r, label) for r in v1]
-        return [_v1_total(v1, label)]
+        return [combine_intervals([_v1_counters(r, label) for r in v1], "vllm", label)]
     if not v0:
         raise ValueError(f"{name}: expected vLLM 'SpecDecoding metrics:' or 'Speculative metrics:' lines, found none")
     # running totals: split at restarts, then per-interval differences
