@@ -30,6 +30,7 @@ from specviz.models.kvcache import cache_length, compact_cache, forward_tokens, 
 from specviz.models.tiny import tiny_model, tiny_tokenizer
 from specviz.models.types import LoadedModel, TokenizerMismatchError
 from specviz.draft.ngram import AdaptiveNgramDrafter, NgramDrafter, NgramTrieDrafter
+from specviz.draft.suffix import SuffixDrafter
 from specviz.sampling import SamplingConfig, probs_from_logits
 from specviz.tree.shapes import expansion, from_paths, kary
 from specviz.tree.core import DraftTree, pad_trees, tree_attention_mask
@@ -56,6 +57,9 @@ DRAFTERS = {
     "merged_budget": lambda p: MergedDrafter([NgramDrafter(n=2, k=3), DynamicTreeDrafter(p.draft, topk=3, depth=4,
                                                                                           budget=10)], budget=6),
     "fallback": lambda p: FallbackDrafter([NgramDrafter(n=2, k=3, min_n=2), ChainDrafter(p.draft, 2)]),
+    # the global tree carries earlier prompts' outputs into later runs: lossless either way
+    "suffix": lambda p: SuffixDrafter(n=4, depth=4, budget=8),
+    "suffix_request": lambda p: SuffixDrafter(n=4, depth=4, budget=8, max_sequences=0),
     # fixed costs: a replay (which times nothing) drafts as the live run does
     "ngram_adaptive": lambda p: AdaptiveNgramDrafter(n=2, k_max=4, costs=[1.0, 1.2, 1.4, 1.9, 2.3]),
 }
@@ -218,7 +222,8 @@ def test_tree_mask_forward_matches_the_mask_helper(tiny_pair):
 
 # -- batches ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["chain4", "kary2x3", "dynamic", "ngram_trie", "adaptive_heuristic", "fallback"])
+@pytest.mark.parametrize("name", ["chain4", "kary2x3", "dynamic", "ngram_trie", "adaptive_heuristic", "fallback",
+                                  "suffix_request"])
 def test_batch_rows_equal_single_runs_greedy(tiny_pair, name):
     prompts = list(PROMPTS) + [[65]]  # different lengths, including a one-token prompt
     drafter = DRAFTERS[name](tiny_pair)
@@ -247,7 +252,7 @@ def test_batch_rows_equal_single_runs_sampling(tiny_pair, verifier):
 
 @pytest.mark.parametrize("name", ["chain4", "kary2x3", "paths", "dynamic", "adaptive_heuristic",
                                   "adaptive_throughput", "ngram", "ngram_trie", "merged", "merged_budget", "fallback",
-                                  "ngram_adaptive"])
+                                  "ngram_adaptive", "suffix"])
 def test_replay_gives_the_live_per_step_acceptance(tiny_pair, name):
     target = tiny_pair.target
     for prompt in PROMPTS[:2]:
@@ -339,6 +344,26 @@ def test_lossless_verifiers_reproduce_the_target_distribution(tiny_pair, verifie
     accepted = sum(s.acceptance.n_accepted for r in runs for s in r.steps)
     drafted = sum(s.tree.budget for r in runs for s in r.steps)
     assert 0 < accepted < drafted  # both acceptances and rejections happened
+    assert _chi_square_p_value(counts, exact, n) > 1e-3
+
+
+def test_suffix_decoding_under_sampling_reproduces_the_target_distribution(tiny_pair):
+    target = tiny_pair.target
+    config = SamplingConfig(temperature=1.0, top_k=3)
+    start = [72, 101, 108]
+    greedy = list(plain_generate(target, start, max_new_tokens=3, stop_at_eos=False, chat=False).output_ids)
+    prompt = start + greedy + start  # the request tree proposes the target's own greedy continuation again
+    length, n = 3, 600
+    exact = _exact_sequence_probs(target, prompt, config, length, eos_token_ids(target))
+    runs = speculative_generate_batch(target, SuffixDrafter(n=3, depth=3, budget=4, max_sequences=0), [prompt] * n,
+                                      max_new_tokens=length, config=config, verifier="topk", seed=list(range(n)),
+                                      chat=False, analyze=False)
+    counts: dict[tuple[int, ...], int] = {}
+    for r in runs:
+        counts[r.output_ids] = counts.get(r.output_ids, 0) + 1
+    accepted = sum(s.acceptance.n_accepted for r in runs for s in r.steps)
+    drafted = sum(s.tree.budget for r in runs for s in r.steps)
+    assert 0 < accepted < drafted
     assert _chi_square_p_value(counts, exact, n) > 1e-3
 
 

@@ -21,6 +21,7 @@ from specviz.draft import (
     TreeDrafter,
 )
 from specviz.draft.lookahead import JacobiDrafter, LookaheadDrafter
+from specviz.draft.suffix import SuffixDrafter
 from specviz.tree.budgets import budgeted_kary
 from specviz.draft.registry import (
     STRATEGIES,
@@ -52,6 +53,8 @@ NAMES = {
     "fallback-ngram-n2-k3+tree-2x1": (FallbackDrafter, "fallback(ngram(n=2,k=3)>tree(n=4,d=2))"),
     "switch": (SwitchDrafter, "switch(ngram-adaptive(n=3,k<=8)|chain(k=2))"),
     "switch-ngram-adaptive-n2-k4+chain-k3": (SwitchDrafter, "switch(ngram-adaptive(n=2,k<=4)|chain(k=3))"),
+    "suffix": (SuffixDrafter, "suffix(n=8,depth=8,budget=16)"),
+    "suffix-n4-d3-b6": (SuffixDrafter, "suffix(n=4,depth=3,budget=6)"),
     "jacobi": (JacobiDrafter, "jacobi(k=5)"),
     "lookahead-w3-n2-g4-context": (LookaheadDrafter, "lookahead(w=3,n=2,g=4,context)"),
 }

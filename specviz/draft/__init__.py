@@ -10,6 +10,8 @@
 * :mod:`~specviz.draft.switch` - prompt lookup or a draft-model chain, whichever promises more each step;
 * :mod:`~specviz.draft.lookahead` - Jacobi and lookahead decoding: no draft model, guesses from the
   target's own outputs;
+* :mod:`~specviz.draft.suffix` - SuffixDecoding: trees of the most frequent continuations in suffix
+  trees over the request and over earlier requests' outputs;
 * :mod:`~specviz.draft.vocab` - a draft vocabulary reduced to a ranking's most frequent tokens plus
   the sequence's own (strategy names ending in ``-v<N>``; counted by
   ``python -m specviz.heads.vocab``, so its names are imported from the module itself);
@@ -27,4 +29,5 @@ from specviz.draft.model import *  # noqa: F401,F403
 from specviz.draft.ngram import *  # noqa: F401,F403
 from specviz.draft.registry import *  # noqa: F401,F403
 from specviz.draft.self_spec import *  # noqa: F401,F403
+from specviz.draft.suffix import *  # noqa: F401,F403
 from specviz.draft.switch import *  # noqa: F401,F403

@@ -41,7 +41,7 @@ from specviz.tree.core import DraftTree
 from specviz.tree.trie import TokenTrie
 from specviz.validate import check_int
 
-__all__ = ["NgramMatch", "NgramIndex", "NgramDrafter", "AdaptiveNgramDrafter", "NgramTrieDrafter"]
+__all__ = ["NgramMatch", "NgramIndex", "NgramDrafter", "AdaptiveNgramDrafter", "NgramTrieDrafter", "context_tokens"]
 
 
 def _positive_int(name: str, value) -> int:
@@ -56,7 +56,7 @@ def _ngram_range(n: int, min_n: int) -> tuple[int, int]:
     return n, min_n
 
 
-def _context_tokens(context) -> list[int]:
+def context_tokens(context) -> list[int]:
     """``(L,)`` integer tensor (or sequence) of committed ids -> Python list."""
     t = torch.as_tensor(context)
     if t.dim() != 1:
@@ -223,7 +223,7 @@ class NgramDrafter(Drafter):
 
     def lookup(self, context) -> NgramMatch | None:
         """The match :meth:`draft` would use for ``context`` ``(L,)``, or ``None``."""
-        return self._lookup(_context_tokens(context))
+        return self._lookup(context_tokens(context))
 
     def _lookup(self, tokens: list[int]) -> NgramMatch | None:
         self._index.sync(tokens)
@@ -237,7 +237,7 @@ class NgramDrafter(Drafter):
               generator: torch.Generator | None) -> DraftTree:
         """Chain of up to ``k`` looked-up tokens rooted at ``context[-1]`` (root only if no match)."""
         check_sibling_sampling(sibling_sampling)
-        tokens = _context_tokens(context)
+        tokens = context_tokens(context)
         match = self._lookup(tokens)
         return _lookup_chain(tokens[-1], () if match is None else match.continuation)
 
@@ -391,7 +391,7 @@ class AdaptiveNgramDrafter(NgramDrafter):
         """A chain of the chosen number of the match's continuation tokens (root only when
         there is no match or drafting none is expected to be fastest)."""
         check_sibling_sampling(sibling_sampling)
-        tokens = _context_tokens(context)
+        tokens = context_tokens(context)
         match = self._lookup(tokens)
         chain: tuple[int, ...] = ()
         self._last_match = None
@@ -481,7 +481,7 @@ class NgramTrieDrafter(Drafter):
 
     def matches(self, context) -> tuple[NgramMatch, ...]:
         """The matches :meth:`draft` merges for ``context`` ``(L,)``, in collection order."""
-        return self._matches(_context_tokens(context))
+        return self._matches(context_tokens(context))
 
     def _matches(self, tokens: list[int]) -> tuple[NgramMatch, ...]:
         self._index.sync(tokens)
@@ -512,7 +512,7 @@ class NgramTrieDrafter(Drafter):
 
     def _trie(self, context: torch.Tensor, sibling_sampling: str, budget: int) -> DraftTree:
         check_sibling_sampling(sibling_sampling)
-        tokens = _context_tokens(context)
+        tokens = context_tokens(context)
         found = self._matches(tokens)
         root = tokens[-1]
 

@@ -37,6 +37,7 @@ from specviz.draft.merged import MergedDrafter
 from specviz.draft.model import ChainDrafter, DynamicTreeDrafter, TreeDrafter
 from specviz.draft.ngram import AdaptiveNgramDrafter, NgramDrafter, NgramTrieDrafter
 from specviz.draft.self_spec import SelfSpeculativeDrafter
+from specviz.draft.suffix import SuffixDrafter
 from specviz.tree.budgets import budgeted_kary
 from specviz.tree.shapes import chain, expansion
 
@@ -344,6 +345,12 @@ STRATEGIES: tuple[Strategy, ...] = (
              "trie of up to M prompt-lookup matches of n-grams up to N, D deep, B nodes (default n3-d5-b16-m8)", "topk",
              lambda pair, a: NgramTrieDrafter(n=a["n"], depth=a["depth"], budget=a["budget"],
                                               max_matches=a["max_matches"])),
+    Strategy("suffix", "suffix[-n<N>-d<D>-b<B>]", r"suffix(?:-n(\d+)-d(\d+)-b(\d+))?",
+             (Param("n", 8), Param("depth", 8), Param("budget", 16)),
+             "SuffixDecoding: the longest context suffix of up to N tokens found in the request's suffix tree or in "
+             "the one over earlier requests' outputs, and the tree of its most frequent continuations, D deep, "
+             "at most B nodes and one per matched token (default n8-d8-b16)", "topk",
+             lambda pair, a: SuffixDrafter(n=a["n"], depth=a["depth"], budget=a["budget"])),
     Strategy("merged", "merged[-b<B>][-<P1>+<P2>[+...]]",
              r"merged(?:-b(\d+))?(?:-([A-Za-z0-9-]+(?:\+[A-Za-z0-9-]+)+))?",
              (Param("budget", None), Param("parts", None, "word")),
@@ -400,7 +407,8 @@ NAME_LETTERS: tuple[tuple[str, str], ...] = (
     ("w<W>", "width: children per node and frontier width of a tree; the Jacobi window of lookahead"),
     ("d<D>", "depth of a tree: draft tokens along its longest path (expansions of a dynamic tree)"),
     ("b<B>", "budget: the most draft nodes per step"),
-    ("n<N>", "n-gram order: the longest n-gram prompt lookup matches; lookahead's n-gram length"),
+    ("n<N>", "n-gram order: the longest n-gram prompt lookup matches (suffix decoding: the longest pattern); "
+             "lookahead's n-gram length"),
     ("g<G>", "guesses verified per step (lookahead)"),
     ("m<M>", "prompt-lookup matches merged into one trie"),
     ("min<M>", "the shortest match prompt lookup drafts from"),
