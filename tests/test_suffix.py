@@ -54,10 +54,12 @@ def test_the_longest_matching_suffix_and_its_most_frequent_continuations():
     # "1 2 3" was followed by 4 twice and by 9 once; the context ends in "1 2 3" again
     context = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3, 9, 7, 1, 2, 3]
     (name, length, score, nodes), = drafter.candidates(context)
-    assert name == "request" and length == 3  # "7 1 2 3" never occurred before: the longest is 3 tokens
+    assert name == "request" and length == 3  # "7 1 2 3" has no earlier occurrence with a continuation
     tree = drafter.draft(torch.tensor(context), GREEDY, "greedy", None)
-    # one node per matched token: the three best by path score, 4 (2 of 3 continuations) then its own
-    assert _paths(tree) == {(4,), (4, 5), (4, 5, 1)} and tree.q.tolist() == pytest.approx([1, 2 / 3, 1, 1])
+    # one node per matched token: the three best by path score, 4 (2 of the pattern's 4 occurrences, the
+    # context's own included) then its own continuation; the shorter patterns' smaller trees score less
+    assert _paths(tree) == {(4,), (4, 5), (4, 5, 1)} and tree.q.tolist() == pytest.approx([1, 0.5, 1, 1])
+    assert score == pytest.approx(1.5)
     assert score == pytest.approx(sum(_scores(tree))) and tree.draft_probs is None
     wide = SuffixDrafter(n=4, depth=3, budget=8, factor=2.0, max_sequences=0).draft(
         torch.tensor(context), GREEDY, "greedy", None)

@@ -5,7 +5,8 @@ import pandas as pd
 import pytest
 
 import specviz.bench.workload as workload
-from specviz.bench.workload import FOLLOW_UP, follow_up_references, workload_acceptance, workload_speed
+from specviz.bench.workload import (FOLLOW_UP, follow_up_references, load_references, save_references,
+                                    workload_acceptance, workload_speed)
 from specviz.data.prompts import Prompt
 
 
@@ -58,3 +59,25 @@ def test_timed_runs_and_the_command(tiny_pair, requests, tmp_path, monkeypatch, 
     with pytest.raises(SystemExit):
         workload.main(["--strategies", "sufix", "--out", str(out)])
     assert "unknown strategy 'sufix'" in capsys.readouterr().err
+
+
+def test_references_are_saved_and_a_rerun_decodes_nothing(tiny_pair, requests, tmp_path, monkeypatch, capsys):
+    path = save_references(requests, tmp_path / "w.references.jsonl")
+    back = load_references(path)
+    assert [(r.session, r.turn, r.prompt, r.reference.prompt_ids, r.reference.output_ids) for r in back] == \
+        [(r.session, r.turn, r.prompt, r.reference.prompt_ids, r.reference.output_ids) for r in requests]
+
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("the references were decoded again")
+
+    monkeypatch.setattr(workload, "follow_up_references", no_decoding)
+    monkeypatch.setattr(workload, "load_pair", lambda dtype: tiny_pair)
+    out = tmp_path / "again.csv"
+    assert workload.main(["--references", str(path), "--strategies", "suffix", "--timed-sessions", "0", "--arctic",
+                          "--out", str(out)]) == 0
+    assert len(pd.read_csv(out)) == len(requests)
+    err = capsys.readouterr().err
+    assert "does not import here" in err or out.with_suffix(".arctic.csv").exists()
+    path.write_text(path.read_text() + '{"session": 9}\n')
+    with pytest.raises(ValueError, match=r"references.jsonl, line 5: expected a workload request"):
+        load_references(path)

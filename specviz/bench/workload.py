@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import shlex
 import sys
 import time
@@ -36,13 +37,15 @@ from specviz.data.store import atomic_write_text
 from specviz.decode.engine import speculative_generate
 from specviz.decode.plain import plain_generate_batch
 from specviz.decode.records import GenerationResult
+from specviz.sampling import GREEDY
 from specviz.decode.replay import replay_acceptance
 from specviz.draft.registry import build_drafter, parse_strategy
+from specviz.draft.suffix import SuffixDrafter
 from specviz.metrics.acceptance import summarize_steps
 from specviz.models.loading import load_pair
 
-__all__ = ["FOLLOW_UP", "WorkloadRequest", "follow_up_references", "workload_acceptance", "workload_summary",
-           "workload_speed", "main"]
+__all__ = ["FOLLOW_UP", "WorkloadRequest", "follow_up_references", "save_references", "load_references",
+           "workload_acceptance", "workload_summary", "workload_speed", "arctic_comparison", "main"]
 
 #: turn 2 of a session whose prompt has one turn only
 FOLLOW_UP = "Check your answer above for mistakes, then write the complete answer again with any mistakes fixed."
@@ -89,6 +92,38 @@ def follow_up_references(target, prompts: Sequence[Prompt], *, max_new_tokens: i
                                   max_new_tokens=max_new_tokens, batch_size=batch_size, stop_at_eos=False)
     return [WorkloadRequest(i, turn, p, ref) for i, (p, a, b) in enumerate(zip(prompts, first, second))
             for turn, ref in ((1, a), (2, b))]
+
+
+def save_references(requests: Sequence[WorkloadRequest], path: str | Path) -> Path:
+    """Write the requests and their references as JSON lines (token ids), for :func:`load_references`."""
+    lines = [json.dumps({"session": r.session, "turn": r.turn, "question_id": r.prompt.question_id,
+                         "category": r.prompt.category, "turns": list(r.prompt.turns),
+                         "prompt_ids": list(r.reference.prompt_ids), "output_ids": list(r.reference.output_ids),
+                         "max_new_tokens": r.reference.max_new_tokens}) for r in requests]
+    return atomic_write_text(path, "\n".join(lines) + "\n")
+
+
+def load_references(path: str | Path) -> list[WorkloadRequest]:
+    """The requests :func:`save_references` wrote (a rerun skips decoding them again).
+
+    Raises:
+        ValueError: a line that is not such a request (names the file and the line).
+    """
+    out = []
+    for lineno, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+            ref = GenerationResult(prompt_ids=tuple(d["prompt_ids"]), output_ids=tuple(d["output_ids"]), text="",
+                                   steps=(), wall_s=0.0, stop_reason="", drafter="none", verifier="none",
+                                   config=GREEDY, max_new_tokens=int(d["max_new_tokens"]))
+            out.append(WorkloadRequest(int(d["session"]), int(d["turn"]),
+                                       Prompt(int(d["question_id"]), d["category"], tuple(d["turns"])), ref))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}, line {lineno}: expected a workload request with session, turn, question_id, "
+                             f"category, turns, prompt_ids, output_ids and max_new_tokens ({exc})") from None
+    return out
 
 
 def _row(strategy: str, request: WorkloadRequest, result: GenerationResult, mode: str) -> dict:
@@ -156,6 +191,70 @@ def workload_speed(pair, requests: Sequence[WorkloadRequest], strategies: Sequen
     return compare_runs(pd.DataFrame(rows))
 
 
+def _paths(tokens: Sequence[int], parents: Sequence[int]) -> frozenset[tuple[int, ...]]:
+    """Every node's token path from the root (``parents[i]`` before ``i``; -1: under the root)."""
+    paths: list[tuple[int, ...]] = []
+    for token, parent in zip(tokens, parents):
+        paths.append((paths[parent] if parent >= 0 else ()) + (int(token),))
+    return frozenset(paths)
+
+
+def arctic_comparison(requests: Sequence[WorkloadRequest], *, budget: int = 16, factor: float = 1.0,
+                      min_prob: float = 0.1, max_tree_depth: int = 64) -> pd.DataFrame:
+    """specviz's :class:`~specviz.draft.suffix.SuffixDrafter` and ``arctic-inference``'s
+    ``SuffixDecodingCache`` fed the same token streams, the requests in order: at every position of
+    every answer both propose for the same context, then the answer's token joins both. One row per
+    request: positions, proposals that are the same tree of token paths, and those that are not,
+    split into proposals of equal score (a tie broken the other way), proposals equal to the one of
+    the cache's other tree (its request tree's or its global tree's, the choice between them tipped)
+    and the rest.
+
+    Configured alike: patterns shorter than ``max_tree_depth``, at most ``budget`` nodes, ``factor``
+    and ``min_prob``. arctic-inference adds a request's answer to its global tree while it is being
+    written; specviz adds it when the request is over, which can tip the choice between the trees.
+
+    Raises:
+        ImportError: ``arctic_inference.suffix_decoding`` cannot be imported (its C++ module is built
+            with the package, which targets vLLM on a GPU).
+    """
+    from arctic_inference.suffix_decoding import SuffixDecodingCache
+    from arctic_inference.suffix_decoding._C import SuffixTree
+
+    cache = SuffixDecodingCache(max_tree_depth=max_tree_depth, max_cached_requests=256)
+    ours = SuffixDrafter(n=max_tree_depth - 1, depth=budget, budget=budget, factor=factor, min_prob=min_prob)
+    rows = []
+    for k, request in enumerate(requests):
+        prompt, output = list(request.reference.prompt_ids), list(request.reference.output_ids)
+        cache.start_request(k, prompt)
+        ours.reset()
+        same = ties = tipped = other = 0
+        for t in range(len(output)):
+            context = prompt + output[:t]
+            theirs = cache.speculate(k, context, max_spec_tokens=budget, max_spec_factor=factor,
+                                     min_token_prob=min_prob, use_tree_spec=True)
+            found = ours.candidates(context)
+            mine = max(found, key=lambda c: c[2]) if found else None
+            a = _paths([tok for _, tok, _ in mine[3]], [p - 1 for p, _, _ in mine[3]]) if mine else frozenset()
+            b = _paths(theirs.token_ids, theirs.parents)
+            if a == b:
+                same += 1
+            elif mine is not None and abs(mine[2] - theirs.score) < 1e-4:
+                ties += 1
+            elif any(a == _paths(d.token_ids, d.parents) for d in (
+                    SuffixTree.speculate(tree, context[-max_tree_depth:], budget, factor, 0.0, min_prob, True)
+                    for tree in (cache._local_trees[k], cache._global_tree))):
+                tipped += 1
+            else:
+                other += 1
+            cache.add_active_response(k, [output[t]])
+        ours.candidates(prompt + output)  # the last token too, as the cache has it
+        cache.stop_request(k)
+        rows.append({"session": request.session, "turn": request.turn, "category": request.prompt.category,
+                     "positions": len(output), "same": same, "equal_score": ties, "other_tree": tipped,
+                     "different": other})
+    return pd.DataFrame(rows)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m specviz.bench.workload``: the follow-up workload's acceptance (and speed) per strategy."""
     p = argparse.ArgumentParser(prog="python -m specviz.bench.workload", description=__doc__.split("\n\n")[0])
@@ -167,8 +266,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="sessions that strategies needing the target's outputs (lookahead) run live on")
     p.add_argument("--timed-sessions", type=int, default=3, help="turn-2 requests timed end to end (0: none)")
     p.add_argument("--dtype", default="fp32", help="weight mode of the models (fp32: the exactness reference)")
-    p.add_argument("--out", required=True, help="CSV of the acceptance rows; their summary and the timed runs go "
-                   "beside it (.summary.csv, .speed.csv)")
+    p.add_argument("--references", help="requests and references written by an earlier run (.references.jsonl): "
+                   "decode nothing again")
+    p.add_argument("--arctic", action="store_true",
+                   help="also feed the same token streams to arctic-inference's SuffixDecodingCache (.arctic.csv)")
+    p.add_argument("--out", required=True, help="CSV of the acceptance rows; their summary, the timed runs and the "
+                   "references go beside it (.summary.csv, .speed.csv, .references.jsonl)")
     args = p.parse_args(argv)
     strategies = [s for s in args.strategies.split(",") if s]
     try:
@@ -179,13 +282,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     pair = load_pair(dtype=args.dtype)
     prompts = load_prompts(limit=args.limit)
-    print(f"[workload] {len(prompts)} sessions x 2 turns x {args.max_new_tokens} tokens: greedy references",
-          file=sys.stderr, flush=True)
-    requests = follow_up_references(pair.target, prompts, max_new_tokens=args.max_new_tokens)
+    out = Path(args.out)
+    if args.references:
+        requests = load_references(args.references)
+    else:
+        print(f"[workload] {len(prompts)} sessions x 2 turns x {args.max_new_tokens} tokens: greedy references",
+              file=sys.stderr, flush=True)
+        requests = follow_up_references(pair.target, prompts, max_new_tokens=args.max_new_tokens)
+        save_references(requests, out.with_suffix(".references.jsonl"))
     print(f"[workload] references after {time.perf_counter() - start:.0f} s; replaying {strategies}",
           file=sys.stderr, flush=True)
     table = workload_acceptance(pair, requests, strategies, live_sessions=args.live_sessions)
-    out = Path(args.out)
     command = "python -m specviz.bench.workload " + shlex.join(sys.argv[1:] if argv is None else list(argv))
     table = table.assign(machine=machine_label(), command=command)
     atomic_write_text(out, table.to_csv(index=False))
@@ -197,6 +304,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         speed = speed.drop(columns="output_ids").assign(machine=machine_label(), command=command)
         atomic_write_text(out.with_suffix(".speed.csv"), speed.to_csv(index=False))
         print(speed.groupby("method", sort=False)[["tokens_per_s", "speedup"]].mean().round(3).to_string())
+    if args.arctic:
+        try:
+            peer = arctic_comparison(requests)
+        except ImportError as exc:
+            print(f"[workload] arctic-inference's suffix cache does not import here ({exc}); no comparison",
+                  file=sys.stderr)
+        else:
+            peer = peer.assign(machine=machine_label(), command=command)
+            atomic_write_text(out.with_suffix(".arctic.csv"), peer.to_csv(index=False))
+            print(peer[["positions", "same", "equal_score", "other_tree", "different"]].sum().to_string())
     print(f"[workload] done in {time.perf_counter() - start:.0f} s; wrote {out}", file=sys.stderr)
     return 0
 

@@ -7,17 +7,19 @@ No model drafts. Two trees count every token string of up to ``n + depth`` token
 * the **global tree** over the outputs of the sequences this drafter decoded before, bounded to
   the last ``max_sequences`` of them (the oldest is evicted first, its counts subtracted).
 
-Each step takes the longest suffix of the context, up to ``n`` tokens, that occurred before with a
-continuation, in each tree. From that pattern's node the speculation tree grows best-first by path
-score: a child's score is its parent's times the child's share of the continuations counted there
-(the frequency estimate of P(token | path)); nodes scoring under ``min_prob`` are not proposed, and
-the tree holds at most ``min(budget, ceil(factor * match length))`` nodes and ``depth`` levels, so
-a long match earns a large tree and a one-token match a small one. Of the two trees' proposals,
-the one with the larger total score (the expected accepted tokens under that estimate) drafts.
+Each step, in each tree, every suffix of the context of up to ``n`` tokens that occurred before is a
+candidate pattern. From a pattern's node the speculation tree grows best-first by path score: a child's
+score is its parent's times the child's count over the parent's (the frequency estimate of
+P(token | path)); nodes scoring under ``min_prob`` are not proposed, and the tree holds at most
+``min(budget, floor(factor * pattern length))`` nodes and ``depth`` levels, so a long match earns a large
+tree and a one-token match a small one. The pattern whose tree scores highest (its nodes' scores summed:
+the expected accepted tokens under that estimate) proposes, the longer on a tie, and of the two trees'
+proposals the higher-scoring one drafts, the request tree's on a tie: the selection rule of Snowflake's
+``arctic-inference`` implementation, which vLLM runs as its ``suffix`` method.
 
 The drafter is deterministic, as prompt lookup is: ``draft_probs`` stays None, so the verifiers
 treat its proposals as one-hot drafts (the ``topk`` rule under sampling, greedy at temperature 0)
-and decoding stays lossless. A trie node's ``q`` is its share of the continuations at its parent.
+and decoding stays lossless. A node's ``q`` is its count over its parent's.
 
 Where it pays: requests whose outputs repeat earlier text, their own or earlier requests' (agentic
 loops, the same task applied to many inputs, rewrites, code edits).
@@ -98,18 +100,18 @@ class SuffixCounts:
                 node = child
             self.root.count -= 1
 
-    def suffix_node(self, tokens: Sequence[int], longest: int) -> tuple[int, _Node | None]:
-        """The longest suffix of ``tokens``, at most ``longest`` tokens, that occurred with a
-        continuation: ``(its length, its node)``, or ``(0, None)``."""
-        for m in range(min(longest, len(tokens)), 0, -1):
+    def suffix_nodes(self, tokens: Sequence[int], longest: int) -> list[tuple[int, _Node]]:
+        """``(m, node)`` for every suffix of ``tokens`` of ``m`` tokens, ``1 <= m <= longest`` and shorter
+        than ``tokens``, that occurred, shortest first (a suffix that never occurred ends the list)."""
+        out = []
+        for m in range(1, min(longest, len(tokens) - 1) + 1):
             node = self.root
             for token in tokens[len(tokens) - m:]:
                 node = node.children.get(token)
                 if node is None:
-                    break
-            if node is not None and node.children:
-                return m, node
-        return 0, None
+                    return out
+            out.append((m, node))
+        return out
 
 
 def _size(node: _Node) -> int:
@@ -134,9 +136,12 @@ class SuffixDrafter(Drafter):
         n: the longest pattern (context suffix) matched.
         depth: the speculation tree's most levels.
         budget: its most draft nodes.
-        factor: the tree holds at most ``ceil(factor * match length)`` nodes.
+        factor: the tree holds at most ``floor(factor * pattern length)`` nodes.
         min_prob: nodes whose path score falls below this are not proposed.
-        max_sequences: earlier sequences the global tree holds (0: no global tree).
+        max_sequences: earlier sequences the global tree holds (0: no global tree). A sequence
+            joins it when the drafter is reset or meets a context that does not extend the last
+            one; the rows of a batch are copies that share the tree but are never reset after
+            their run, so their outputs do not join it.
     """
 
     def __init__(self, n: int = 8, depth: int = 8, budget: int = 16, factor: float = 1.0, min_prob: float = 0.1,
@@ -150,7 +155,8 @@ class SuffixDrafter(Drafter):
             raise ValueError(f"min_prob must be in [0, 1], got {min_prob!r}")
         self.factor, self.min_prob = float(factor), float(min_prob)
         self.max_sequences = check_int("max_sequences", max_sequences, minimum=0)
-        self.name = f"suffix(n={n},depth={depth},budget={budget})"
+        bound = "" if self.max_sequences == 256 else f",global={self.max_sequences}"
+        self.name = f"suffix(n={n},depth={depth},budget={budget}{bound})"
         self.global_counts = SuffixCounts(self.n + self.depth)
         self._history: deque[list[int]] = deque()
         self._request = _Request(self.n + self.depth)
@@ -189,21 +195,25 @@ class SuffixDrafter(Drafter):
     def candidates(self, context) -> list[tuple[str, int, float, list[tuple[int, int, float]]]]:
         """Each tree's proposal for ``context`` ``(L,)``: ``(tree, match length, score, nodes)``,
         ``nodes`` as ``(parent, token, q)`` in the order chosen (parents first; parent 0 is the
-        root), the request tree's first."""
+        root), the request tree's first. Of the suffixes that occurred, the one whose tree scores
+        highest proposes (the longer one on a tie)."""
         tokens = context_tokens(context)
         self._sync(tokens)
         out = []
         for name, counts in (("request", self._request.counts), ("global", self.global_counts)):
-            length, node = counts.suffix_node(tokens, self.n)
-            if node is None:
-                continue
-            nodes, score = self._grow(node, min(self.budget, math.ceil(self.factor * length)))
-            if nodes:
-                out.append((name, length, score, nodes))
+            best = None
+            for length, node in counts.suffix_nodes(tokens, self.n):
+                nodes, score = self._grow(node, min(self.budget, int(self.factor * length + 1e-6)))
+                if nodes and (best is None or score >= best[2]):
+                    best = (name, length, score, nodes)
+            if best is not None:
+                out.append(best)
         return out
 
     def _grow(self, start: _Node, size: int) -> tuple[list[tuple[int, int, float]], float]:
-        """The best ``size`` nodes below ``start`` by path score, and their total score."""
+        """The best ``size`` nodes below ``start`` by path score, and their total score. A child's
+        estimate is its count over its parent's, which also counts the occurrences with nothing
+        after them yet (the context's own, in the request tree)."""
         nodes: list[tuple[int, int, float]] = []
         score = 0.0
         heap: list[tuple] = []  # (-score, order, depth, parent, q, node, token)
@@ -213,12 +223,12 @@ class SuffixDrafter(Drafter):
             nonlocal order
             if depth >= self.depth:
                 return
-            total = sum(c.count for c in node.children.values())
             for token, child in sorted(node.children.items(), key=lambda kv: -kv[1].count):
-                q = child.count / total
-                if path * q >= self.min_prob:
-                    heapq.heappush(heap, (-path * q, order, depth + 1, parent, q, child, token))
-                    order += 1
+                q = child.count / node.count
+                if path * q < self.min_prob:
+                    break
+                heapq.heappush(heap, (-path * q, order, depth + 1, parent, q, child, token))
+                order += 1
 
         push(start, 0, 0, 1.0)
         while heap and len(nodes) < size:
