@@ -347,9 +347,9 @@ STRATEGIES: tuple[Strategy, ...] = (
                                               max_matches=a["max_matches"])),
     Strategy("suffix", "suffix[-n<N>-d<D>-b<B>]", r"suffix(?:-n(\d+)-d(\d+)-b(\d+))?",
              (Param("n", 8), Param("depth", 8), Param("budget", 16)),
-             "SuffixDecoding: the longest context suffix of up to N tokens found in the request's suffix tree or in "
-             "the one over earlier requests' outputs, and the tree of its most frequent continuations, D deep, "
-             "at most B nodes and one per matched token (default n8-d8-b16)", "topk",
+             "SuffixDecoding: of the context's suffixes of up to N tokens found in the request's suffix tree or in "
+             "the one over earlier requests' outputs, the one whose tree of most frequent continuations scores "
+             "highest; D deep, at most B nodes and one per matched token (default n8-d8-b16)", "topk",
              lambda pair, a: SuffixDrafter(n=a["n"], depth=a["depth"], budget=a["budget"])),
     Strategy("merged", "merged[-b<B>][-<P1>+<P2>[+...]]",
              r"merged(?:-b(\d+))?(?:-([A-Za-z0-9-]+(?:\+[A-Za-z0-9-]+)+))?",
