@@ -42,6 +42,9 @@ def test_counts_are_every_substrings_occurrences_and_removal_subtracts_them():
         counts.extend(seq[:half])  # grown in two pieces, as a request grows step by step
         counts.extend(seq[half:])
     assert _strings(counts) == _brute(seqs, 5)
+    last = seqs[-1]  # the suffixes of the sequence being extended, kept by extend, are the walked ones
+    walked = counts.suffix_nodes(last, 4)
+    assert [(m, id(n)) for m, n in counts.current_suffixes(min(4, len(last) - 1))] == [(m, id(n)) for m, n in walked]
     assert counts.root.count == sum(map(len, seqs)) and counts.n_nodes == 1 + len(_brute(seqs, 5))
     for gone in (seqs[2], seqs[0]):
         counts.remove(gone)

@@ -36,8 +36,7 @@ from specviz.data.prompts import Prompt, load_prompts
 from specviz.data.store import atomic_write_text
 from specviz.decode.engine import speculative_generate
 from specviz.decode.plain import plain_generate_batch
-from specviz.decode.records import GenerationResult
-from specviz.sampling import GREEDY
+from specviz.decode.records import GenerationResult, result_from_row
 from specviz.decode.replay import replay_acceptance
 from specviz.draft.registry import build_drafter, parse_strategy
 from specviz.draft.suffix import SuffixDrafter
@@ -115,9 +114,9 @@ def load_references(path: str | Path) -> list[WorkloadRequest]:
             continue
         try:
             d = json.loads(line)
-            ref = GenerationResult(prompt_ids=tuple(d["prompt_ids"]), output_ids=tuple(d["output_ids"]), text="",
-                                   steps=(), wall_s=0.0, stop_reason="", drafter="none", verifier="none",
-                                   config=GREEDY, max_new_tokens=int(d["max_new_tokens"]))
+            # the file keeps no wall times: the references are replayed, never timed
+            ref = result_from_row({"prompt_ids": d["prompt_ids"], "output_ids": d["output_ids"], "wall_s": 0.0},
+                                  int(d["max_new_tokens"]))
             out.append(WorkloadRequest(int(d["session"]), int(d["turn"]),
                                        Prompt(int(d["question_id"]), d["category"], tuple(d["turns"])), ref))
         except (ValueError, KeyError, TypeError) as exc:
@@ -281,11 +280,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(str(exc))
     start = time.perf_counter()
     pair = load_pair(dtype=args.dtype)
-    prompts = load_prompts(limit=args.limit)
     out = Path(args.out)
     if args.references:
         requests = load_references(args.references)
     else:
+        prompts = load_prompts(limit=args.limit)
         print(f"[workload] {len(prompts)} sessions x 2 turns x {args.max_new_tokens} tokens: greedy references",
               file=sys.stderr, flush=True)
         requests = follow_up_references(pair.target, prompts, max_new_tokens=args.max_new_tokens)

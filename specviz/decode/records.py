@@ -16,11 +16,11 @@ Dimension legend: N = tree nodes including the root.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
-from specviz.sampling import SamplingConfig
+from specviz.sampling import GREEDY, SamplingConfig
 from specviz.tree.core import DraftTree, children_lists
 from specviz.tree.side import SideBranch
 from specviz.verify.rules import Acceptance
@@ -33,6 +33,7 @@ __all__ = [
     "GenerationResult",
     "records_from_steps",
     "records_from_result",
+    "result_from_row",
 ]
 
 #: why a sequence stopped: an end-of-sequence token, the token budget, the model's context
@@ -210,3 +211,13 @@ def records_from_result(result: GenerationResult) -> tuple[StepRecord, ...]:
     if not isinstance(result, GenerationResult):
         raise TypeError(f"result must be a GenerationResult, got {type(result).__name__}")
     return records_from_steps(result.steps, len(result.output_ids))
+
+
+def result_from_row(row: Mapping[str, Any], max_new_tokens: int) -> GenerationResult:
+    """A stored greedy generation (a reference's row, or a timed run's row; both hold
+    ``prompt_ids``, ``output_ids`` and ``wall_s``) as a :class:`~specviz.decode.GenerationResult`,
+    e.g. for :func:`~specviz.study.units.rank_units`; ``text`` and ``stop_reason`` are empty where the row has none."""
+    return GenerationResult(prompt_ids=tuple(int(t) for t in row["prompt_ids"]),
+                            output_ids=tuple(int(t) for t in row["output_ids"]), text=str(row.get("text", "")),
+                            steps=(), wall_s=float(row["wall_s"]), stop_reason=str(row.get("stop_reason", "")),
+                            drafter="none", verifier="none", config=GREEDY, max_new_tokens=max_new_tokens)

@@ -114,6 +114,13 @@ class SuffixCounts:
         return out
 
 
+    def current_suffixes(self, longest: int) -> list[tuple[int, _Node]]:
+        """:meth:`suffix_nodes` of the sequence being extended, read off the nodes :meth:`extend`
+        keeps for its suffixes instead of walking from the root (every one occurred: it just did)."""
+        length = len(self._open) - 1  # the suffixes counted so far: at most the sequence's length
+        return [(m, self._open[m]) for m in range(1, min(longest, length) + 1)]
+
+
 def _size(node: _Node) -> int:
     """Nodes in the subtree of ``node``, itself included."""
     return 1 + sum(_size(c) for c in node.children.values())
@@ -200,9 +207,10 @@ class SuffixDrafter(Drafter):
         tokens = context_tokens(context)
         self._sync(tokens)
         out = []
-        for name, counts in (("request", self._request.counts), ("global", self.global_counts)):
+        request = self._request.counts.current_suffixes(min(self.n, len(tokens) - 1))
+        for name, suffixes in (("request", request), ("global", self.global_counts.suffix_nodes(tokens, self.n))):
             best = None
-            for length, node in counts.suffix_nodes(tokens, self.n):
+            for length, node in suffixes:
                 nodes, score = self._grow(node, min(self.budget, int(self.factor * length + 1e-6)))
                 if nodes and (best is None or score >= best[2]):
                     best = (name, length, score, nodes)

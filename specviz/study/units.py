@@ -34,7 +34,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from specviz.decode.records import GenerationResult
+from specviz.decode.records import GenerationResult, result_from_row
 from specviz.sampling import GREEDY, SamplingConfig
 from specviz.data.prompts import Prompt
 from specviz.data.store import ResultStore
@@ -527,16 +527,6 @@ def profile_units(models: ModelSpec, prompt: Prompt, methods: Sequence[str], *, 
     return [Unit(f"profile/{m}/{ref}/threads{threads or 'default'}", _profile_rows,
                  {"prompt": prompt, "method": m, "max_new_tokens": max_new_tokens, "warmup": warmup})
             for m in methods]
-
-
-def result_from_row(row: Mapping[str, Any], max_new_tokens: int) -> GenerationResult:
-    """A stored greedy generation (a reference's row, or a timed run's row; both hold
-    ``prompt_ids``, ``output_ids`` and ``wall_s``) as a :class:`~specviz.decode.GenerationResult`,
-    e.g. for :func:`rank_units`; ``text`` and ``stop_reason`` are empty where the row has none."""
-    return GenerationResult(prompt_ids=tuple(int(t) for t in row["prompt_ids"]),
-                            output_ids=tuple(int(t) for t in row["output_ids"]), text=str(row.get("text", "")),
-                            steps=(), wall_s=float(row["wall_s"]), stop_reason=str(row.get("stop_reason", "")),
-                            drafter="none", verifier="none", config=GREEDY, max_new_tokens=max_new_tokens)
 
 
 def _cost_rows(models: ModelSpec, role: str, sizes: Sequence[int], prefix_len: int, warmup: int, repeats: int,
