@@ -18,8 +18,9 @@ contract states the same list and the test command checks it. From the top:
 1. ``study`` - presets, the headless notebook runner, units of work, a Dask cluster, the
    results page;
 2. ``render`` - trees by status, masks, step views, the interactive explorer;
-3. ``bench`` - wall-clock speed, the step-cost model, profiles, llama.cpp as a peer, and
-   the ``auto`` weight-mode choice (:mod:`specviz.bench.auto`);
+3. ``bench`` - wall-clock speed, the step-cost model (one stream and batches), memory,
+   profiles, llama.cpp as a peer, and the ``auto`` weight-mode choice
+   (:mod:`specviz.bench.auto`);
 4. ``checks | heads`` - exactness checks on real models | training Medusa and EAGLE heads
    and counting draft vocabularies;
 5. ``metrics`` - acceptance rate, tau, per-depth acceptance, intervals, calibration,

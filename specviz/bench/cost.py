@@ -45,6 +45,7 @@ from specviz.bench.attention import time_call
 
 __all__ = [
     "forward_cost_curve",
+    "interpolate",
     "CostModel",
     "StepCost",
     "tree_step_cost",
@@ -61,8 +62,9 @@ __all__ = [
 
 @torch.no_grad()
 def forward_cost_curve(model: LoadedModel, sizes: Sequence[int], *, prefix_len: int = 200, warmup: int = 1,
-                       repeats: int = 3, seed: int = 0) -> pd.DataFrame:
-    """Time one forward of ``n`` new tokens after a ``prefix_len``-token KV cache, for each ``n``.
+                       repeats: int = 3, seed: int = 0, rows: int = 1) -> pd.DataFrame:
+    """Time one forward of ``n`` new tokens after a ``prefix_len``-token KV cache, for each ``n``,
+    in a batch of ``rows`` sequences (each feeding ``n`` tokens, as a batched step does).
 
     The new tokens attend causally to the cache and to each other, through an explicit mask
     as the engine's verification passes one (so the forward takes the engine's path,
@@ -77,26 +79,29 @@ def forward_cost_curve(model: LoadedModel, sizes: Sequence[int], *, prefix_len: 
             into an empty cache.
         warmup, repeats: as in :func:`specviz.bench.attention.time_call` (one call per repeat).
         seed: seeds the random token ids.
+        rows: sequences in the batch (:mod:`specviz.bench.serving` measures the target over
+            rows x tokens).
 
     Returns:
-        Columns ``model, dtype, threads, n_tokens, prefix_len, median_ms, min_ms``.
+        Columns ``model, dtype, threads, rows, n_tokens, prefix_len, median_ms, min_ms``.
     """
     sizes = check_ints("sizes", sizes)
     check_int("prefix_len", prefix_len, 0)
+    check_int("rows", rows)
     gen = make_generator(seed)
     vocab = model.vocab_size
     cache = new_cache(model.model)
     if prefix_len:
-        prefix = torch.randint(0, vocab, (1, prefix_len), generator=gen)  # (1, P)
-        forward_tokens(model.model, cache, prefix, torch.arange(prefix_len)[None], None, logits_to_keep=1)
-    rows = []
+        prefix = torch.randint(0, vocab, (rows, prefix_len), generator=gen)  # (R, P)
+        forward_tokens(model.model, cache, prefix, torch.arange(prefix_len).repeat(rows, 1), None, logits_to_keep=1)
+    table = []
     for n in sizes:
-        ids = torch.randint(0, vocab, (1, n), generator=gen)  # (1, n)
-        pos = torch.arange(prefix_len, prefix_len + n)[None]  # (1, n)
+        ids = torch.randint(0, vocab, (rows, n), generator=gen)  # (R, n)
+        pos = torch.arange(prefix_len, prefix_len + n).repeat(rows, 1)  # (R, n)
         # causal over cache + new tokens; a prefill (no cache) and one token need no mask
         allowed = None
         if prefix_len and n > 1:
-            allowed = torch.ones(1, n, prefix_len + n, dtype=torch.bool).tril(prefix_len)  # (1, n, P + n)
+            allowed = torch.ones(rows, n, prefix_len + n, dtype=torch.bool).tril(prefix_len)  # (R, n, P + n)
 
         def step() -> None:
             # a prefill keeps only its last position's logits, as the engine's does
@@ -105,14 +110,15 @@ def forward_cost_curve(model: LoadedModel, sizes: Sequence[int], *, prefix_len: 
             crop_cache(cache, prefix_len)
 
         t = time_call(step, warmup=warmup, repeats=repeats, min_time_s=0.0)
-        rows.append({"model": model.name, "dtype": str(model.dtype).removeprefix("torch."),
-                     "threads": torch.get_num_threads(), "n_tokens": n, "prefix_len": prefix_len,
-                     "median_ms": 1e3 * t.median_s, "min_ms": 1e3 * t.min_s})
-    return pd.DataFrame(rows)
+        table.append({"model": model.name, "dtype": str(model.dtype).removeprefix("torch."),
+                      "threads": torch.get_num_threads(), "rows": rows, "n_tokens": n, "prefix_len": prefix_len,
+                      "median_ms": 1e3 * t.median_s, "min_ms": 1e3 * t.min_s})
+    return pd.DataFrame(table)
 
 
-def _interpolate(points: tuple[tuple[int, float], ...], n: float) -> float:
-    """Piecewise-linear through ``points``, extended linearly beyond the ends (never below 0)."""
+def interpolate(points: Sequence[tuple[float, float]], n: float) -> float:
+    """Piecewise-linear through ``points`` (``(x, y)``, increasing ``x``), extended linearly
+    beyond the ends (never below 0)."""
     if len(points) == 1:
         return points[0][1]
     i = next((j for j in range(1, len(points)) if n <= points[j][0]), len(points) - 1)
@@ -150,11 +156,11 @@ class CostModel:
 
     def target_s(self, n: float) -> float:
         """Seconds for one target forward of ``n`` tokens (linear between measured points)."""
-        return 1e-3 * _interpolate(self.target_ms, n)
+        return 1e-3 * interpolate(self.target_ms, n)
 
     def draft_s(self, n: float) -> float:
         """Seconds for one draft forward of ``n`` tokens."""
-        return 1e-3 * _interpolate(self.draft_ms, n)
+        return 1e-3 * interpolate(self.draft_ms, n)
 
 
 @dataclass(frozen=True)
@@ -225,7 +231,7 @@ def predicted_wall_s(rows: pd.DataFrame, costs: CostModel, prefill_ms: Sequence[
         if not (steps > 0 and draft == draft):  # no steps or no measured draft time (NaN)
             out.append(math.nan)
             continue
-        prefill = 1e-3 * _interpolate(points, max(int(p) - 1, 1))
+        prefill = 1e-3 * interpolate(points, max(int(p) - 1, 1))
         out.append(prefill + float(draft) + float(steps) * costs.target_s(1 + float(drafted) / float(steps)))
     return pd.Series(out, index=rows.index, dtype=float)
 

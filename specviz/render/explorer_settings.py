@@ -58,6 +58,7 @@ _REGISTRY_NAMES: dict[str, Callable[["ExplorerSettings"], str]] = {
     "fallback": lambda s: f"fallback-ngram-n{max(3, s.width)}-k{s.depth}-min{s.width}+chain-k{s.depth}",
     "switch": lambda s: f"switch-ngram-adaptive-n{s.width}-k{s.depth}+chain-k{s.depth}",
     "lookahead": lambda s: f"lookahead-w{s.width}-n{s.depth + 1}-g{s.budget}",
+    "suffix": lambda s: f"suffix-n{s.width}-d{s.depth}-b{s.budget}",
     "medusa": lambda s: f"medusa-w{s.width}-d{s.depth}-b{s.budget}",
     "eagle": lambda s: f"eagle-w{s.width}-d{s.depth}-b{s.budget}",
     "merged": lambda s: f"merged-b{s.budget}-ngram-n3-k{s.depth}+eagle-w{s.width}-d{s.depth}-b{s.budget}",
@@ -67,7 +68,7 @@ DESCRIPTIONS: dict[str, str] = {
     "chain": "draft-model chain", "tree": "static draft-model tree", "dynamic": "EAGLE-2 draft-model tree",
     "ngram-trie": "prompt-lookup trie", "ngram-adaptive": "prompt lookup, adaptive length",
     "fallback": "prompt lookup, else the draft model", "switch": "lookup or draft model, by throughput",
-    "lookahead": "lookahead decoding", "medusa": "trained Medusa heads", "eagle": "trained EAGLE head",
+    "lookahead": "lookahead decoding", "suffix": "suffix decoding (suffix trees)", "medusa": "trained Medusa heads", "eagle": "trained EAGLE head",
     "merged": "prompt lookup + EAGLE head, one tree",
 }
 #: slider labels (width, depth, budget) per strategy, where they differ from the trees'
@@ -77,6 +78,7 @@ SLIDER_LABELS: dict[str, tuple[str, str, str]] = {
     "fallback": ("min match", "length", "budget"),
     "switch": ("match n", "length", "budget"),
     "lookahead": ("window W", "guess N-1", "guesses G"),
+    "suffix": ("pattern n", "depth", "budget"),
 }
 #: strategies that draft one chain of at most ``depth`` tokens and ignore the budget
 CHAINS = ("chain", "ngram-adaptive", "fallback", "switch")
@@ -101,10 +103,11 @@ class ExplorerSettings:
         strategy: one of :data:`STRATEGIES`.
         width: children per node (tree, dynamic, medusa, eagle, merged), merged matches
             (ngram-trie), the longest match n (ngram-adaptive, switch), the shortest match
-            prompt lookup drafts from (fallback) or the window's width W (lookahead).
+            prompt lookup drafts from (fallback), the window's width W (lookahead) or the
+            longest pattern suffix decoding matches (suffix).
         depth: draft depth (the chain length for "chain", and for both parts of
             "fallback", "switch" and "merged"; a guess's length N - 1 for lookahead).
-        budget: maximum draft nodes per step (tree, dynamic, ngram-trie, the trees of the
+        budget: maximum draft nodes per step (tree, dynamic, ngram-trie, suffix, the trees of the
             heads, shared by both parts of "merged") or guesses per step G (lookahead).
         temperature: 0 = greedy; > 0 samples, verified losslessly.
         max_new_tokens: tokens to generate.

@@ -96,6 +96,7 @@ _SPEED = "06_end_to_end_speed.ipynb"
 _REPORT = "08_report.ipynb"
 _LOOKAHEAD = "09_lookahead.ipynb"
 _HEADS = "10_draft_heads.ipynb"
+_SERVING = "11_serving.ipynb"
 
 #: The default study's notebook runs, the report last; ``standard`` replaces its acceptance study (03).
 #: A notebook's own defaults are the small run nbval re-executes in the test command; the presets name
@@ -120,6 +121,9 @@ _QUICK_RUNS = (
     NotebookRun(_HEADS, {"prompt_limit": 2, "max_new_tokens": 32, "train_prompts": 2, "train_tasks": 8,
                          "train_tokens": 48, "train_steps": 0, "train_minutes": 0.5, "budgets": [4, 16],
                          "others": ["chain-k4", "ngram"]}),
+    NotebookRun(_SERVING, {"prompt_limit": 2, "batches": [1, 4], "max_new_tokens": 12, "repeats": 2,
+                           "methods": ["chain-k2", "ngram"], "adaptive_max_k": 4, "cost_tokens": [1, 3, 6],
+                           "cost_prefix": 128, "threads": 0}),
     NotebookRun(_REPORT),
 )
 
@@ -128,6 +132,16 @@ _QUICK_RUNS = (
 _STANDARD_ACCEPTANCE = {"prompt_limit": 0, "max_new_tokens": 128, "budgets": [4, 8, 16, 32, 64],
                         "threads": 0, "reference_batch": 63, "dynamic_prompts": 21, "dynamic_batch": 21,
                         "cross_check": False, "sampled_prompts": 4, "sampled_stride": 32}
+
+#: Notebook 11 in ``standard``: the batch sweep of every strategy family (chain, static tree, dynamic tree,
+#: n-gram, Medusa heads, the default cascade) on 16 prompts, two rounds, in fp32 (every row is checked token for
+#: token); ``full`` adds batch 32, three rounds, 32 prompts and 64 tokens
+_STANDARD_SERVING = {"prompt_limit": 16, "batches": [1, 2, 4, 8, 16], "max_new_tokens": 32, "repeats": 2,
+                     "methods": ["chain-k2", "tree-2x2x1", "dynamic-w4-d5-b16", "ngram", "medusa", "fallback"],
+                     "adaptive_max_k": 4, "cost_tokens": [1, 2, 3, 5, 8, 13, 22], "cost_prefix": 128,
+                     "cost_repeats": 1, "threads": 0}
+_FULL_SERVING = {**_STANDARD_SERVING, "batches": [1, 2, 4, 8, 16, 32], "max_new_tokens": 64, "repeats": 3,
+                 "prompt_limit": 32}
 
 #: Every notebook at its smallest size, the report last (``smoke``, and ``tiny`` on the tiny pair).
 _SMOKE_RUNS = (
@@ -150,13 +164,15 @@ _SMOKE_RUNS = (
                              "threads": 0}),
     NotebookRun(_HEADS, {"max_new_tokens": 8, "train_prompts": 1, "train_tasks": 2, "train_tokens": 16,
                          "train_steps": 5, "budgets": [4], "others": [], "timed": False, "threads": 0}),
+    NotebookRun(_SERVING, {"batches": [1, 2], "max_new_tokens": 4, "methods": ["chain-k2"], "adaptive_max_k": 2,
+                           "cost_tokens": [1, 3], "cost_prefix": 16, "model_batches": [1, 8, 64], "threads": 0}),
     NotebookRun(_REPORT),
 )
 
 #: Notebooks that take ``models="tiny"`` (the random tiny pair instead of the built-in one), with
 #: what else they need on its 2 layers
 _TINY_CAPABLE: Mapping[str, Mapping[str, Any]] = {_ACCEPTANCE: {"self_spec_layers": 1}, _RULES: {}, _SPEED: {},
-                                                  _LOOKAHEAD: {}, _HEADS: {"vocab": 0}}
+                                                  _LOOKAHEAD: {}, _HEADS: {"vocab": 0}, _SERVING: {}}
 
 
 def _on_tiny_models(runs: tuple[NotebookRun, ...]) -> tuple[NotebookRun, ...]:
@@ -182,7 +198,8 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
            report="08_report", dtype="auto", draft_dtypes=MappingProxyType({"w8a8-token": "w4a8-token"})),
     Preset("standard", "the acceptance study (03) on every prompt x 128 tokens, the rest as in quick, all in "
            "fp32, the exactness reference: the committed reference results (outputs/reference)", tuple(
-               NotebookRun(_ACCEPTANCE, _STANDARD_ACCEPTANCE) if r.notebook == _ACCEPTANCE else r
+               NotebookRun(_ACCEPTANCE, _STANDARD_ACCEPTANCE) if r.notebook == _ACCEPTANCE
+               else NotebookRun(_SERVING, _STANDARD_SERVING) if r.notebook == _SERVING else r
                for r in _QUICK_RUNS), report="08_report"),
     Preset("full", "every prompt and budget, longer generations, more repeats and trials", (
         NotebookRun(_QUICKSTART, {"max_new_tokens": 128}),
@@ -212,6 +229,7 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
                              "train_tokens": 256, "train_steps": 0, "train_minutes": 30.0, "vocab": 16384, "train_batch": 8,
                              "train_window": 128, "train_precision": "auto", "budgets": [4, 8, 16, 32, 64],
                              "others": ["chain-k4", "ngram", "ngram-trie"]}),
+        NotebookRun(_SERVING, _FULL_SERVING),
         NotebookRun(_REPORT),
     ), report="08_report"),
 )})

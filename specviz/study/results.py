@@ -226,9 +226,29 @@ def headline(reference_dir: Path = REFERENCE_DIR) -> str:
         for m in ["plain", top, *[m for m in summary.index if m.startswith("llama-")]]:
             lines.append(f"| `{m}` | {labels.get(m, summary.loc[m, 'drafter'])} | "
                          f"{summary.loc[m, 'tokens_per_s']:.2f} | {summary.loc[m, 'speedup']:.2f}x |")
+    if spec.get("serving"):
+        lines += ["", *_serving_lines(reference_dir, spec["serving"])]
     lines += ["", "Every table, its command and the run-to-run noise: "
               "[outputs/reference/RESULTS.md](outputs/reference/RESULTS.md).", END]
     return "\n".join(lines)
+
+
+def _serving_lines(reference_dir: Path, spec: dict) -> list[str]:
+    """The batch sweep's speedups (notebook 11's ``serving_speed`` table), one row per method."""
+    speed = read_table(reference_dir / spec["speed"], ("method", "batch", "speedup", "tokens_per_s", "exact"))
+    machines = read_table(reference_dir / spec["machine_from"], ("machine",))["machine"].unique()
+    batches = sorted(speed["batch"].unique())
+    plain = speed[speed["method"] == "plain"].set_index("batch")["tokens_per_s"]
+    lines = [f"Beyond one stream (notebook 11, `{spec['speed']}`, on {', '.join(map('`{}`'.format, machines))}): "
+             f"speedup over plain decoding of the same batch, {spec['setup']}; every batched row "
+             + ("equals" if speed["exact"].all() else "does not always equal") + " its prompt decoded alone:", "",
+             "| method | " + " | ".join(f"batch {b}" for b in batches) + " |", "|---|" + "---|" * len(batches),
+             "| plain, tokens/s | " + " | ".join(f"{plain[b]:.2f}" for b in batches) + " |"]
+    for method, group in speed[speed["method"] != "plain"].groupby("method", sort=False):
+        cells = group.set_index("batch")["speedup"]
+        lines.append(f"| `{method}` | " + " | ".join(f"{cells[b]:.2f}x" if b in cells.index else "-" for b in batches)
+                     + " |")
+    return lines
 
 
 def cited_files(reference_dir: Path = REFERENCE_DIR) -> list[Path]:
@@ -243,6 +263,8 @@ def cited_files(reference_dir: Path = REFERENCE_DIR) -> list[Path]:
     names = [n for b in manifest["benchmarks"] for run in b["runs"]
              for n in ([run, run.removesuffix(".csv") + ".costs.csv"] if b["costs"] else [run])]
     names += [n for sec in manifest["sections"] for n in [sec.get("machine_from")] + [t["file"] for t in sec["tables"]]]
+    serving = manifest["headline"].get("serving")
+    names += [serving["speed"], serving["machine_from"]] if serving else []
     return [reference_dir / n for n in dict.fromkeys(names) if n]
 
 

@@ -46,6 +46,7 @@ from specviz.validate import check_int
 
 __all__ = [
     "DYNAMIC_STRATEGY",
+    "model_tag",
     "reference_id",
     "reference_units",
     "references_from",
@@ -72,14 +73,15 @@ __all__ = [
 DYNAMIC_STRATEGY = "dynamic (EAGLE-2)"
 
 
-def _model_tag(models: ModelSpec) -> str:
+def model_tag(models: ModelSpec) -> str:
+    """``<target>/<weight mode>`` (``tiny-<seed>/...`` for the tiny pair): how unit ids name the target."""
     target = models.target if models.kind == "builtin" else f"tiny-{models.seed}"
     return f"{target}/{models.dtype}"
 
 
 def _pair_tag(models: ModelSpec) -> str:
-    """:func:`_model_tag` plus the draft's tag, for units that run the draft."""
-    return f"{_model_tag(models)}{models.draft_tag}"
+    """:func:`model_tag` plus the draft's tag, for units that run the draft."""
+    return f"{model_tag(models)}{models.draft_tag}"
 
 
 def reference_id(models: ModelSpec, prompt: Prompt, max_new_tokens: int, batch_size: int = 1) -> str:
@@ -89,7 +91,7 @@ def reference_id(models: ModelSpec, prompt: Prompt, max_new_tokens: int, batch_s
     and the ``reference`` field of a batched one's row."""
     digest = hashlib.sha256(prompt.text.encode()).hexdigest()[:16]
     batched = f"b{batch_size}/" if batch_size > 1 else ""
-    return f"{_model_tag(models)}/T{max_new_tokens}/{batched}{digest}"
+    return f"{model_tag(models)}/T{max_new_tokens}/{batched}{digest}"
 
 
 def _result_row(ref: GenerationResult) -> dict[str, Any]:
@@ -135,7 +137,7 @@ def reference_units(models: ModelSpec, prompts: Sequence[Prompt], max_new_tokens
         chunk = ordered[start:start + batch_size]
         refs = [reference_id(models, p, max_new_tokens, batch_size) for p in chunk]
         digest = hashlib.sha256(" ".join(refs).encode()).hexdigest()[:16]
-        units.append(Unit(f"{_model_tag(models)}/T{max_new_tokens}/b{batch_size}/batch-{digest}", _reference_batch_rows,
+        units.append(Unit(f"{model_tag(models)}/T{max_new_tokens}/b{batch_size}/batch-{digest}", _reference_batch_rows,
                           {"texts": [p.text for p in chunk], "references": refs, "max_new_tokens": max_new_tokens,
                            "batch_size": batch_size}))
     return units
@@ -530,7 +532,7 @@ def profile_units(models: ModelSpec, prompt: Prompt, methods: Sequence[str], *, 
 
 
 def _cost_rows(models: ModelSpec, role: str, sizes: Sequence[int], prefix_len: int, warmup: int, repeats: int,
-               seed: int, dtype: str | None) -> list[dict]:
+               seed: int, dtype: str | None, rows: int = 1) -> list[dict]:
     import gc
 
     from specviz.bench.cost import forward_cost_curve
@@ -544,20 +546,24 @@ def _cost_rows(models: ModelSpec, role: str, sizes: Sequence[int], prefix_len: i
         source = (getattr(models_for(models), role) if models.kind == "tiny"
                   else models.target if role == "target" else models.draft)
         model = load_model(source, dtype)
-    curve = forward_cost_curve(model, list(sizes), prefix_len=prefix_len, warmup=warmup, repeats=repeats, seed=seed)
+    curve = forward_cost_curve(model, list(sizes), prefix_len=prefix_len, warmup=warmup, repeats=repeats, seed=seed,
+                               rows=rows)
     del model
     gc.collect()
     return curve.assign(role=role, dtype=dtype or own, machine=machine_label()).to_dict("records")
 
 
 def cost_units(models: ModelSpec, roles: Sequence[str], sizes: Sequence[int], *, prefix_len: int, repeats: int,
-               seed: int, warmup: int = 1, dtype: str | None = None) -> list[Unit]:
+               seed: int, warmup: int = 1, dtype: str | None = None, rows: int = 1) -> list[Unit]:
     """One unit per role (``"target"``, ``"draft"``): the cost of one forward of ``n`` new
     tokens after a ``prefix_len``-token cache for each ``n`` in ``sizes``
     (:func:`~specviz.bench.cost.forward_cost_curve`), in the model's weight mode in the
     pair (the draft's may differ: :attr:`~specviz.study.work.ModelSpec.draft_dtype`) or in
-    ``dtype`` (that model is then loaded for the unit only)."""
-    tag = f"n{'-'.join(map(str, sizes))}/p{prefix_len}/w{warmup}/r{repeats}/seed{seed}"
+    ``dtype`` (that model is then loaded for the unit only); ``rows`` sequences at once
+    (a batched step's forward)."""
+    check_int("rows", rows)
+    tag = (f"n{'-'.join(map(str, sizes))}/p{prefix_len}/w{warmup}/r{repeats}/seed{seed}"
+           + (f"/rows{rows}" if rows > 1 else ""))
 
     def mode(role: str) -> str:
         if dtype is not None:
@@ -566,5 +572,5 @@ def cost_units(models: ModelSpec, roles: Sequence[str], sizes: Sequence[int], *,
 
     return [Unit(f"cost/{role}/{mode(role)}/{tag}", _cost_rows,
                  {"role": role, "sizes": list(sizes), "prefix_len": prefix_len, "warmup": warmup,
-                  "repeats": repeats, "seed": seed, "dtype": dtype})
+                  "repeats": repeats, "seed": seed, "dtype": dtype, "rows": rows})
             for role in roles]
