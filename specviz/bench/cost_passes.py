@@ -38,8 +38,9 @@ def append_costs(pair, todo, path: Path, label: str) -> None:
     for prefix, sizes, warmup, repeats in todo:
         if not sizes:
             continue
+        # one row per forward, as every costs file has been: the ``rows`` column stays out
         part = forward_cost_curve(pair.target, sizes, prefix_len=prefix, warmup=warmup, repeats=repeats)
-        part["pass"] = label
+        part = part.drop(columns="rows").assign(**{"pass": label})
         if path.exists() and path.stat().st_size:
             have = pd.read_csv(path, nrows=0).columns
             if list(have) != list(part.columns):  # a file begun before passes were recorded: one pass, before
