@@ -27,6 +27,7 @@ Dimension legend: B = rows in the batch, n = new tokens fed per row, N = tree no
 from __future__ import annotations
 
 import math
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -462,8 +463,6 @@ def model_bytes(model: torch.nn.Module | LoadedModel) -> int:
 
 
 def _object_bytes(obj: Any, seen: set[int], storages: dict[int, int]) -> int:
-    import sys
-
     if id(obj) in seen or obj is None or isinstance(obj, (type, str, bytes, int, float, bool)):
         return 0
     seen.add(id(obj))
