@@ -19,6 +19,7 @@ from specviz.decode.replay import replay_acceptance
 from specviz.draft import (
     AdaptiveChainDrafter,
     ChainDrafter,
+    ChooserDrafter,
     Drafter,
     DynamicTreeDrafter,
     FallbackDrafter,
@@ -361,6 +362,29 @@ def test_suffix_decoding_under_sampling_reproduces_the_target_distribution(tiny_
     counts: dict[tuple[int, ...], int] = {}
     for r in runs:
         counts[r.output_ids] = counts.get(r.output_ids, 0) + 1
+    accepted = sum(s.acceptance.n_accepted for r in runs for s in r.steps)
+    drafted = sum(s.tree.budget for r in runs for s in r.steps)
+    assert 0 < accepted < drafted
+    assert _chi_square_p_value(counts, exact, n) > 1e-3
+
+
+def test_the_chooser_under_sampling_reproduces_the_target_distribution(tiny_pair):
+    target = tiny_pair.target
+    config = SamplingConfig(temperature=1.0, top_k=3)
+    start = [72, 101, 108]
+    greedy = list(plain_generate(target, start, max_new_tokens=3, stop_at_eos=False, chat=False).output_ids)
+    prompt = start + greedy + start  # suffix trees propose the greedy continuation again, the chain anything
+    length, n = 3, 600
+    chooser = ChooserDrafter([SuffixDrafter(n=3, depth=3, budget=4, max_sequences=0),
+                              ChainDrafter(tiny_pair.draft, 2)], explore=1, revisit=1)
+    exact = _exact_sequence_probs(target, prompt, config, length, eos_token_ids(target))
+    runs = speculative_generate_batch(target, chooser, [prompt] * n, max_new_tokens=length, config=config,
+                                      verifier="topk", seed=list(range(n)), chat=False, analyze=False)
+    counts: dict[tuple[int, ...], int] = {}
+    for r in runs:
+        counts[r.output_ids] = counts.get(r.output_ids, 0) + 1
+    sources = {int(s.tree.source[0]) for r in runs for s in r.steps if s.tree.n_nodes > 1}
+    assert sources == {0, 1}  # both parts drafted
     accepted = sum(s.acceptance.n_accepted for r in runs for s in r.steps)
     drafted = sum(s.tree.budget for r in runs for s in r.steps)
     assert 0 < accepted < drafted

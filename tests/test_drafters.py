@@ -125,8 +125,15 @@ def test_batched_requests_equal_one_at_a_time(tiny_pair, context):
     contexts = [context, context[:4], [7]]
     alone, together = [DraftModelState(model) for _ in contexts], [DraftModelState(model) for _ in contexts]
     first_alone = [_serve(s.sync(c)) for s, c in zip(alone, contexts)]
-    first_together = run_draft_forwards([s.sync(c) for s, c in zip(together, contexts)])
+    seen = []  # the LM head's inputs: a batch of syncs scores each row's last token only
+    hook = model.lm_head.register_forward_hook(lambda module, args, out: seen.append(tuple(args[0].shape)))
+    try:
+        first_together = run_draft_forwards([s.sync(c) for s, c in zip(together, contexts)])
+    finally:
+        hook.remove()
+    assert seen == [(3, 1, model.config.hidden_size)]
     for a, b in zip(first_alone, first_together):
+        assert b.shape == a.shape == (1, model.config.vocab_size)
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     shapes = [([10, 11], [-1, -1]), ([12], [-1]), ([13, 14, 15], [-1, -1, -1])]
     expand_alone = [_serve(s.expand(*x)[0]) for s, x in zip(alone, shapes)]

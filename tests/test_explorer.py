@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from specviz.draft.chooser import ChooserDrafter
 from specviz.draft.fallback import FallbackDrafter
 from specviz.draft.model import ChainDrafter, DynamicTreeDrafter, TreeDrafter
 from specviz.draft.lookahead import LookaheadDrafter
@@ -82,7 +83,7 @@ def test_build_drafter_and_verifier(tiny_pair, tiny_heads, monkeypatch):
     kinds = {"chain": ChainDrafter, "tree": TreeDrafter, "dynamic": DynamicTreeDrafter,
              "ngram-trie": NgramTrieDrafter, "ngram-adaptive": AdaptiveNgramDrafter, "lookahead": LookaheadDrafter,
              "fallback": FallbackDrafter, "switch": SwitchDrafter, "medusa": MedusaDrafter, "eagle": EagleDrafter,
-             "merged": MergedDrafter, "suffix": SuffixDrafter}
+             "merged": MergedDrafter, "suffix": SuffixDrafter, "choose": ChooserDrafter}
     for strategy in STRATEGIES:
         assert isinstance(build_drafter(_settings(strategy=strategy), tiny_pair), kinds[strategy])
     names = {strategy: strategy_spec(_settings(strategy=strategy, width=3, depth=2, budget=5)).name
@@ -91,6 +92,7 @@ def test_build_drafter_and_verifier(tiny_pair, tiny_heads, monkeypatch):
                      "ngram-trie": "ngram-trie-n3-d2-b5-m3", "ngram-adaptive": "ngram-adaptive-n3-k2",
                      "lookahead": "lookahead-w3-n3-g5", "suffix": "suffix-n3-d2-b5", "fallback": "fallback-ngram-n3-k2-min3+chain-k2",
                      "switch": "switch-ngram-adaptive-n3-k2+chain-k2",
+                     "choose": "choose-ngram-n3-k2-min3+suffix-n8-d2-b5+chain-k2",
                      "medusa": "medusa-w3-d2-b5", "eagle": "eagle-w3-d2-b5",
                      "merged": "merged-b5-ngram-n3-k2+eagle-w3-d2-b5"}
     # budgets above what the tree can hold share one cache entry, as for the model-drafted trees
@@ -454,7 +456,7 @@ def test_record_command_writes_and_resumes(tiny_pair, tiny_heads, tmp_path, monk
 
     monkeypatch.setenv(HEADS_ENV, tiny_heads)  # the medusa and eagle settings draft with them
     n = len(recording_settings("x = 1", 4))
-    assert n == 21
+    assert n == 22
     loads = []
     monkeypatch.setattr(recording_module, "load_pair", lambda **kw: loads.append(kw) or tiny_pair)
     path = tmp_path / "rec.json.gz"

@@ -207,9 +207,10 @@ def test_models_needed_follow_the_notebooks_parameters(tmp_path):
                                  NotebookRun("03_chain_tree_dynamic.ipynb", {"models": "tiny"}),
                                  NotebookRun("04_verification_rules.ipynb", {"real_models": False})))
     assert runner._builtin_models_needed(_plans(only_toys, tmp_path)) == []
-    tiny = runner._builtin_models_needed(_plans(get_preset("tiny"), tmp_path))
-    assert tiny == [(target, "fp32"), (draft, "fp32")]  # only the quickstart (01) loads the built-in pair
-    assert runner._builtin_models_needed(_plans(get_preset("tiny"), tmp_path)[1:]) == []
+    assert runner._builtin_models_needed(_plans(get_preset("tiny"), tmp_path)) == []  # all on the random pair
+    assert runner._builtin_models_needed(_plans(get_preset("smoke"), tmp_path)) == [(target, "fp32"), (draft, "fp32")]
+    serving = Preset("s", "", (NotebookRun("11_serving.ipynb", {"dtype": "bf16"}),))
+    assert runner._builtin_models_needed(_plans(serving, tmp_path)) == [(target, "bf16"), (draft, "bf16")]
     bf16 = Preset("b", "", (NotebookRun("01_quickstart.ipynb", {"dtype": "bf16"}),
                             NotebookRun("09_lookahead.ipynb", {"dtype": "auto"})))  # auto: the notebook's own
     assert runner._builtin_models_needed(_plans(bf16, tmp_path)) == [(target, "bf16"), (draft, "bf16")]

@@ -9,6 +9,7 @@ import pytest
 from specviz.draft import (
     AdaptiveChainDrafter,
     ChainDrafter,
+    ChooserDrafter,
     Drafter,
     DynamicTreeDrafter,
     FallbackDrafter,
@@ -53,6 +54,8 @@ NAMES = {
     "fallback-ngram-n2-k3+tree-2x1": (FallbackDrafter, "fallback(ngram(n=2,k=3)>tree(n=4,d=2))"),
     "switch": (SwitchDrafter, "switch(ngram-adaptive(n=3,k<=8)|chain(k=2))"),
     "switch-ngram-adaptive-n2-k4+chain-k3": (SwitchDrafter, "switch(ngram-adaptive(n=2,k<=4)|chain(k=3))"),
+    "choose": (ChooserDrafter, "choose(ngram(n=3,k=4)|suffix(n=8,depth=8,budget=16)|chain(k=2))"),
+    "choose-ngram-n2-k3+chain-k3": (ChooserDrafter, "choose(ngram(n=2,k=3)|chain(k=3))"),
     "suffix": (SuffixDrafter, "suffix(n=8,depth=8,budget=16)"),
     "suffix-n4-d3-b6": (SuffixDrafter, "suffix(n=4,depth=3,budget=6)"),
     "jacobi": (JacobiDrafter, "jacobi(k=5)"),

@@ -621,3 +621,27 @@ def test_readme_figure_command_with_tiny_pair(tmp_path, capsys):
     main(["--readme-figure", "--model", "tiny", "--out", str(out)])
     assert out.read_bytes()[:4] == b"\x89PNG"
     assert str(out) in capsys.readouterr().out
+
+
+def test_drafter_strip_shows_which_part_drafted_each_step(tiny_pair):
+    from specviz.decode.engine import speculative_generate
+    from specviz.draft import ChainDrafter, ChooserDrafter, NgramDrafter
+    from specviz.render import composite_parts, drafter_strip_figure, drafting_parts
+
+    assert composite_parts("choose(ngram(n=3,k=4)|suffix(n=8,depth=8,budget=16)|chain(k=2))") == (
+        "ngram(n=3,k=4)", "suffix(n=8,depth=8,budget=16)", "chain(k=2)")
+    assert composite_parts("fallback(ngram(n=3,k=4,min=2)>chain(k=2))") == ("ngram(n=3,k=4,min=2)", "chain(k=2)")
+    assert composite_parts("chain(k=2)") == () and composite_parts("merged(chain(k=4)+ngram(n=3,k=8))") == ()
+    chooser = ChooserDrafter([NgramDrafter(n=2, k=3), ChainDrafter(tiny_pair.draft, 2)])
+    result = speculative_generate(tiny_pair.target, chooser, "the cat the cat the cat", max_new_tokens=16,
+                                  stop_at_eos=False)
+    parts = drafting_parts(result)
+    assert parts == [part for part, _ in chooser.history]
+    fig = drafter_strip_figure(result, highlight_step=0)
+    shown = {trace.name: list(trace.x) for trace in fig.data}
+    assert sorted(s for xs in shown.values() for s in xs) == list(range(len(result.steps)))
+    assert set(shown) == set(parts) and "which part drafted each step" in fig.layout.title.text
+    plain = speculative_generate(tiny_pair.target, ChainDrafter(tiny_pair.draft, 2), "hi", max_new_tokens=4)
+    assert drafting_parts(plain) is None
+    with pytest.raises(ValueError, match="is not a composite drafter"):
+        drafter_strip_figure(plain)

@@ -26,22 +26,6 @@ STUDY_NOTEBOOKS = sorted({run.notebook for preset in PRESETS.values() for run in
 SMOKE_RUNS = PRESETS["tiny"].runs
 
 
-def _builtin_models_missing() -> list[str]:
-    """Data packages of the built-in pair that are not installed (the smoke run needs them)."""
-    import importlib.metadata
-
-    from specviz.models.builtin import BUILTIN_MODELS
-
-    missing = []
-    for spec in BUILTIN_MODELS.values():
-        for dist in spec.distributions():
-            try:
-                importlib.metadata.distribution(dist)
-            except importlib.metadata.PackageNotFoundError:
-                missing.append(dist)
-    return missing
-
-
 def _parameters_cell(nb) -> nbformat.NotebookNode:
     cells = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(cells) == 1, "a study notebook has exactly one cell tagged 'parameters'"
@@ -245,14 +229,6 @@ def test_cli_list(capsys):
 
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
-    import os
-
-    missing = _builtin_models_missing()
-    if missing:
-        reason = f"the tiny run's quickstart uses the built-in models; data packages missing: {missing[:3]}"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI=true but {reason}")
-        pytest.skip(reason)
     out = tmp_path_factory.mktemp("smoke")
     lines: list[str] = []
     result = run_study("tiny", out_dir=out, progress=False, log=lines.append)

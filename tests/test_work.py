@@ -108,7 +108,7 @@ def _serial(units):
 def test_study_on_two_workers_gives_the_serial_tables(tmp_path):
     prompt_file = tmp_path / "prompts.jsonl"
     prompt_file.write_text("\n".join(PROMPTS) + "\n")
-    params = dict(models="tiny", self_spec_layers=1, layer_sweep=[1], max_new_tokens=16, budgets=[4, 8],
+    params = dict(models="tiny", self_spec_layers=1, layer_sweep=[1], max_new_tokens=8, budgets=[4],
                   sampled_budget=4, sampled_prompts=2, cross_check=True)
     preset = Preset("tiny", "notebook 03 on the tiny pair", (NotebookRun("03_chain_tree_dynamic.ipynb", params),))
     serial = run_study(preset, out_dir=tmp_path / "serial", prompts=prompt_file, progress=False, log=lambda m: None)

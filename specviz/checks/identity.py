@@ -80,7 +80,8 @@ def default_drafters(pair: ModelPair) -> list[Drafter]:
     # without trained exits a truncated target only agrees with itself when few layers are cut
     self_spec = f"self-spec-L{pair.target.model.config.num_hidden_layers - 4}-k3"
     names = ["chain-k4", "tree-2x2x1", "dynamic-w4-d5-b16", "adaptive-heuristic", "adaptive-throughput", self_spec,
-             "ngram-n3-k5", "ngram-trie-n3-d5-b16", "merged", "switch", "jacobi-k5", "lookahead-w5-n4-g5"]
+             "ngram-n3-k5", "ngram-trie-n3-d5-b16", "merged", "switch", "choose", "jacobi-k5",
+             "lookahead-w5-n4-g5"]
     if pair.draft.vocab_size > REDUCED_VOCAB:
         try:  # the reduced draft vocabulary, where a ranking for the draft's tokenizer exists
             draft_vocabulary(pair.draft)

@@ -8,6 +8,7 @@
 * :mod:`~specviz.draft.merged` - SpecInfer's merge of several drafters;
 * :mod:`~specviz.draft.fallback` - a cascade: later drafters run only where earlier ones propose nothing;
 * :mod:`~specviz.draft.switch` - prompt lookup or a draft-model chain, whichever promises more each step;
+* :mod:`~specviz.draft.chooser` - whichever of many drafters promises the most tokens per second each step;
 * :mod:`~specviz.draft.lookahead` - Jacobi and lookahead decoding: no draft model, guesses from the
   target's own outputs;
 * :mod:`~specviz.draft.suffix` - SuffixDecoding: trees of the most frequent continuations in suffix
@@ -31,3 +32,4 @@ from specviz.draft.registry import *  # noqa: F401,F403
 from specviz.draft.self_spec import *  # noqa: F401,F403
 from specviz.draft.suffix import *  # noqa: F401,F403
 from specviz.draft.switch import *  # noqa: F401,F403
+from specviz.draft.chooser import *  # noqa: F401,F403

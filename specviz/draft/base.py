@@ -427,6 +427,18 @@ class _RowHeads:
         return torch.cat([head(hidden[b:b + 1]) for b, head in enumerate(self.heads)])
 
 
+class _LastTokens:
+    """Scores only each row's last new token (row ``b``'s ``counts[b] - 1``, the rows being
+    right-padded): a batch of syncs then holds ``(B, 1, V)`` logits, not ``(B, nmax, V)``."""
+
+    def __init__(self, head, counts: list[int]) -> None:
+        self.head, self.counts = head, counts
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:  # (B, N, E) -> (B, 1, V)
+        last = torch.tensor(self.counts, device=hidden.device) - 1
+        return self.head(hidden[torch.arange(len(self.counts), device=hidden.device), last][:, None])
+
+
 def run_draft_forwards(requests: Sequence[DraftForward]) -> list[torch.Tensor]:
     """Serve draft-model forward requests, one batched forward per draft model.
 
@@ -471,11 +483,17 @@ def run_draft_forwards(requests: Sequence[DraftForward]) -> list[torch.Tensor]:
             allowed[b, pad, smax + pad] = True  # padding rows see only themselves
         batched = stack_caches(model, caches)
         heads = [r.state.head for r in rows]
-        logits = forward_tokens(model, batched, tokens, positions, allowed,  # (B, nmax, V)
-                                head=None if all(h is None for h in heads) else _RowHeads(model, heads))
+        head = None if all(h is None for h in heads) else _RowHeads(model, heads)
+        last_only = all(r.last_only for r in rows)
+        if last_only:
+            head = _LastTokens(model.lm_head if head is None else head, counts)
+        logits = forward_tokens(model, batched, tokens, positions, allowed, head=head)  # (B, nmax or 1, V)
         split_cache(batched, caches, lengths, smax, counts)
         for b, i in enumerate(idx):
-            out[i] = logits[b, counts[b] - 1:counts[b]] if rows[b].last_only else logits[b, :counts[b]]
+            if last_only:
+                out[i] = logits[b]
+            else:
+                out[i] = logits[b, counts[b] - 1:counts[b]] if rows[b].last_only else logits[b, :counts[b]]
     return out
 
 

@@ -33,6 +33,7 @@ from specviz.draft.base import Drafter
 from specviz.draft.lookahead import JacobiDrafter, LookaheadDrafter
 from specviz.draft.fallback import FallbackDrafter
 from specviz.draft.switch import SwitchDrafter
+from specviz.draft.chooser import ChooserDrafter
 from specviz.draft.merged import MergedDrafter
 from specviz.draft.model import ChainDrafter, DynamicTreeDrafter, TreeDrafter
 from specviz.draft.ngram import AdaptiveNgramDrafter, NgramDrafter, NgramTrieDrafter
@@ -261,7 +262,7 @@ def _part_drafters(pair, names: str, strategy: str, nested: tuple[str, ...], why
 def _merged(pair, a: dict[str, Any]) -> Drafter:
     if a["parts"] is None:
         return MergedDrafter([ChainDrafter(pair.draft, 4), NgramDrafter()], a["budget"])
-    return MergedDrafter(_part_drafters(pair, a["parts"], "merged", ("merged",), "merged trees do not nest"),
+    return MergedDrafter(_part_drafters(pair, a["parts"], "merged", ("merged", "choose"), "merged trees do not nest"),
                          a["budget"])
 
 
@@ -271,7 +272,7 @@ FALLBACK_DEFAULT = "ngram-n3-k4-min2+chain-k2"
 
 def _fallback(pair, a: dict[str, Any]) -> Drafter:
     return FallbackDrafter(_part_drafters(pair, a["parts"] or FALLBACK_DEFAULT, "fallback",
-                                          ("fallback", "merged", "switch"),
+                                          ("fallback", "merged", "switch", "choose"),
                                           "composite strategies do not nest in a cascade"))
 
 
@@ -279,14 +280,28 @@ def _fallback(pair, a: dict[str, Any]) -> Drafter:
 SWITCH_DEFAULT = "ngram-adaptive+chain-k2"
 
 
-def _switch(pair, a: dict[str, Any]) -> Drafter:
-    names = a["parts"] or SWITCH_DEFAULT
-    parts = _part_drafters(pair, names, "switch", ("fallback", "merged", "switch"),
-                           "composite strategies do not nest in a switch")
-    try:
-        return SwitchDrafter(parts)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"switch strategy parts {names!r}: {exc}") from None
+def _chooser(cls, family: str, default: str, kind: str):
+    """The builder of a composite family that gives each step to one of its parts: ``cls``
+    over the parts named (``default`` when none), any error of theirs naming them."""
+    def build(pair, a: dict[str, Any]) -> Drafter:
+        names = a["parts"] or default
+        parts = _part_drafters(pair, names, family, ("fallback", "merged", "switch", "choose"),
+                               f"composite strategies do not nest in a {kind}")
+        try:
+            return cls(parts)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{family} strategy parts {names!r}: {exc}") from None
+    return build
+
+
+_switch = _chooser(SwitchDrafter, "switch", SWITCH_DEFAULT, "switch")
+
+
+#: the default parts of the ``choose`` strategy: prompt lookup, suffix trees and the draft model's chain
+CHOOSE_DEFAULT = "ngram-n3-k4+suffix+chain-k2"
+
+
+_choose = _chooser(ChooserDrafter, "choose", CHOOSE_DEFAULT, "chooser")
 
 
 def heads_kinds(spec: MethodSpec) -> tuple[str, ...]:
@@ -295,7 +310,7 @@ def heads_kinds(spec: MethodSpec) -> tuple[str, ...]:
     kind = {"medusa": "medusa", "eagle": "eagle", "eagle-chain": "eagle"}.get(spec.family)
     if kind is not None:
         return (kind,)
-    if spec.family in ("merged", "fallback") and spec.param("parts"):
+    if spec.family in ("merged", "fallback", "choose") and spec.param("parts"):
         parts = (k for n in spec.param("parts").split("+") for k in heads_kinds(parse_strategy(n)))
         return tuple(dict.fromkeys(parts))
     return ()
@@ -369,6 +384,12 @@ STRATEGIES: tuple[Strategy, ...] = (
              "expected tokens per unit of time from the acceptance and costs measured so far; the draft model "
              "joins once the lookup has had nothing to propose twice (default ngram-adaptive+chain-k2)", "topk",
              _switch),
+    Strategy("choose", "choose[-<P1>+<P2>[+...]]", r"choose(?:-([A-Za-z0-9-]+(?:\+[A-Za-z0-9-]+)+))?",
+             (Param("parts", None, "word"),),
+             "each step, whichever part promises the most committed tokens per second, from its acceptance per "
+             "depth and its drafting and verification times measured on the sequence so far; each part is tried "
+             "first and again when it has not drafted for a while, cheap parts (lookup) are asked every step "
+             "(default ngram-n3-k4+suffix+chain-k2)", "topk", _choose),
     Strategy("jacobi", "jacobi[-k<K>]", r"jacobi(?:-k(\d+))?", (Param("k", 5),),
              "Jacobi decoding: a block of K guesses, last step's target predictions (default k5)", "topk",
              lambda pair, a: JacobiDrafter(k=a["k"])),

@@ -58,6 +58,8 @@ from specviz.models.loading import load_pair
 from specviz.models.tiny import tiny_pair
 from specviz.models.types import ModelPair
 from specviz.render import (
+    drafter_strip_figure,
+    drafting_parts,
     figure_mimebundle,
     lookahead_mask_figure,
     lookahead_step_figure,
@@ -498,7 +500,10 @@ class Explorer:
             self._display(self.mask_out, mask)
         else:
             self.mask_out.outputs = ()
-        self._display(self.steps_out, step_view_figure(result, tokenizer=tokenizer, highlight_step=s))
+        views = [step_view_figure(result, tokenizer=tokenizer, highlight_step=s)]
+        if drafting_parts(result) is not None:  # a chooser's or cascade's choices, one cell per step
+            views.insert(0, drafter_strip_figure(result, highlight_step=s))
+        self._display(self.steps_out, *views)
 
     @staticmethod
     def _display(out, *figs) -> None:

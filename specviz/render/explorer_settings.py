@@ -57,6 +57,8 @@ _REGISTRY_NAMES: dict[str, Callable[["ExplorerSettings"], str]] = {
     "ngram-adaptive": lambda s: f"ngram-adaptive-n{s.width}-k{s.depth}",
     "fallback": lambda s: f"fallback-ngram-n{max(3, s.width)}-k{s.depth}-min{s.width}+chain-k{s.depth}",
     "switch": lambda s: f"switch-ngram-adaptive-n{s.width}-k{s.depth}+chain-k{s.depth}",
+    "choose": lambda s: (f"choose-ngram-n{max(3, s.width)}-k{s.depth}-min{s.width}+suffix-n8-d{s.depth}-b{s.budget}"
+                         f"+chain-k{s.depth}"),
     "lookahead": lambda s: f"lookahead-w{s.width}-n{s.depth + 1}-g{s.budget}",
     "suffix": lambda s: f"suffix-n{s.width}-d{s.depth}-b{s.budget}",
     "medusa": lambda s: f"medusa-w{s.width}-d{s.depth}-b{s.budget}",
@@ -68,6 +70,7 @@ DESCRIPTIONS: dict[str, str] = {
     "chain": "draft-model chain", "tree": "static draft-model tree", "dynamic": "EAGLE-2 draft-model tree",
     "ngram-trie": "prompt-lookup trie", "ngram-adaptive": "prompt lookup, adaptive length",
     "fallback": "prompt lookup, else the draft model", "switch": "lookup or draft model, by throughput",
+    "choose": "lookup, suffix trees or draft model, by throughput",
     "lookahead": "lookahead decoding", "suffix": "suffix decoding (suffix trees)", "medusa": "trained Medusa heads", "eagle": "trained EAGLE head",
     "merged": "prompt lookup + EAGLE head, one tree",
 }
@@ -77,6 +80,7 @@ SLIDER_LABELS: dict[str, tuple[str, str, str]] = {
     "ngram-adaptive": ("match n", "max length", "budget"),
     "fallback": ("min match", "length", "budget"),
     "switch": ("match n", "length", "budget"),
+    "choose": ("min match", "length", "suffix budget"),
     "lookahead": ("window W", "guess N-1", "guesses G"),
     "suffix": ("pattern n", "depth", "budget"),
 }
@@ -103,12 +107,13 @@ class ExplorerSettings:
         strategy: one of :data:`STRATEGIES`.
         width: children per node (tree, dynamic, medusa, eagle, merged), merged matches
             (ngram-trie), the longest match n (ngram-adaptive, switch), the shortest match
-            prompt lookup drafts from (fallback), the window's width W (lookahead) or the
+            prompt lookup drafts from (fallback, choose), the window's width W (lookahead) or the
             longest pattern suffix decoding matches (suffix).
-        depth: draft depth (the chain length for "chain", and for both parts of
-            "fallback", "switch" and "merged"; a guess's length N - 1 for lookahead).
+        depth: draft depth (the chain length for "chain", and for every part of
+            "fallback", "switch", "choose" and "merged"; a guess's length N - 1 for lookahead).
         budget: maximum draft nodes per step (tree, dynamic, ngram-trie, suffix, the trees of the
-            heads, shared by both parts of "merged") or guesses per step G (lookahead).
+            heads, the suffix part of "choose", shared by both parts of "merged") or guesses
+            per step G (lookahead).
         temperature: 0 = greedy; > 0 samples, verified losslessly.
         max_new_tokens: tokens to generate.
         seed: seeds drafting and verification.

@@ -24,6 +24,9 @@ __all__ = [
     "committed_tokens",
     "representative_step",
     "step_view_figure",
+    "composite_parts",
+    "drafting_parts",
+    "drafter_strip_figure",
     "stats_html",
     "figure_mimebundle",
 ]
@@ -231,6 +234,76 @@ def _step_traces(result: "GenerationResult", highlight_step: int | None) -> list
                              name="expected accepted (exact)",
                              hovertemplate="step %{x}: expected %{y:.3f}<extra></extra>"))
     return traces
+
+
+def composite_parts(name: str) -> tuple[str, ...]:
+    """The part names inside the name of a drafter that gives each step to one part,
+    ``choose(p1|p2|...)``, ``switch(p1|p2)`` or ``fallback(p1>p2>...)``, split where no
+    bracket is open; ``()`` for any other name (a merged tree mixes its parts' nodes)."""
+    head, bracket, body = name.partition("(")
+    if not bracket or not body.endswith(")") or head not in ("choose", "switch", "fallback"):
+        return ()
+    parts, depth, start, body = [], 0, 0, body[:-1]
+    for i, ch in enumerate(body):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0 and ch in "|>":
+            parts.append(body[start:i])
+            start = i + 1
+    return tuple(parts + [body[start:]]) if len(parts) else ()
+
+
+def drafting_parts(result: "GenerationResult") -> list[str] | None:
+    """Per step, the name of the part of a composite drafter that drafted it (``"plain"``
+    where the step drafted nothing), from the tree's ``source``; None for a drafter
+    without parts or a generation whose trees carry no source."""
+    parts = composite_parts(result.drafter)
+    if not parts or not any(st.tree.source is not None for st in result.steps):
+        return None
+    out = []
+    for st in result.steps:
+        if st.tree.n_nodes == 1 or st.tree.source is None:
+            out.append("plain")
+        else:
+            index = int(st.tree.source[1])
+            out.append(parts[index] if 0 <= index < len(parts) else f"part {index}")
+    return out
+
+
+def drafter_strip_figure(result: "GenerationResult", *, highlight_step: int | None = None) -> "go.Figure":
+    """A strip of a composite drafter's choices over a generation: one cell per step,
+    coloured by the part that drafted it (grey: no draft, a plain step), with the tokens
+    the step committed on hover.
+
+    Raises:
+        ValueError: the drafter has no parts (:func:`drafting_parts`).
+    """
+    import plotly.graph_objects as go
+
+    parts = drafting_parts(result)
+    if parts is None:
+        raise ValueError(f"{result.drafter!r} is not a composite drafter whose steps record their part")
+    names = list(dict.fromkeys(composite_parts(result.drafter))) + ["plain"]
+    fig = go.Figure()
+    for k, name in enumerate(names):
+        mine = [s for s, p in enumerate(parts) if p == name]
+        if not mine:
+            continue
+        color = "#BBBBBB" if name == "plain" else _STEP_COLORS[k % len(_STEP_COLORS)]
+        committed = [result.steps[s].acceptance.n_accepted + 1 for s in mine]
+        fig.add_trace(go.Bar(x=mine, y=[1] * len(mine), name=name, customdata=committed,
+                             marker=dict(color=color, line=dict(color="#000000",
+                                                                width=[3 if s == highlight_step else 0.5
+                                                                       for s in mine])),
+                             hovertemplate=f"step %{{x}}: {html.escape(name)}, %{{customdata}} tokens committed"
+                                           "<extra></extra>"))
+    counts = ", ".join(f"{name} {parts.count(name)}" for name in names if parts.count(name))
+    fig.update_layout(title=figure_title(f"which part drafted each step ({counts})"), barmode="overlay",
+                      bargap=0.05, height=200, autosize=True, margin=dict(l=60, r=30, t=60, b=60),
+                      plot_bgcolor="#FFFFFF", paper_bgcolor="#FFFFFF",
+                      legend=dict(orientation="h", yanchor="top", y=-0.25, xanchor="left", x=0.0))
+    fig.update_yaxes(visible=False, range=[0, 1])
+    fig.update_xaxes(title="step", range=[-0.5, len(parts) - 0.5])
+    return fig
 
 
 def _generation_title(result: "GenerationResult", n_tokens: int) -> str:

@@ -111,7 +111,7 @@ _QUICK_RUNS = (
     NotebookRun(_TIMING, {"batch_sizes": [1, 2, 4], "prefix_lens": [128, 512, 1024],
                           "budgets": [4, 8, 16, 32, 64], "warmup": 2, "repeats": 5}),
     NotebookRun(_SPEED, {"prompt_limit": 2, "max_new_tokens": 32,
-                         "methods": ["chain-k4", "dynamic-w4-d5-b16", "ngram", "switch"],
+                         "methods": ["chain-k4", "dynamic-w4-d5-b16", "ngram", "switch", "choose"],
                          "sequoia_budgets": [8], "cost_sizes": [1, 2, 4, 8, 16, 64], "cost_prefix": 200,
                          "profile_tokens": 8,
                          "probe_dtypes": [], "threads": 0}),
@@ -171,8 +171,8 @@ _SMOKE_RUNS = (
 
 #: Notebooks that take ``models="tiny"`` (the random tiny pair instead of the built-in one), with
 #: what else they need on its 2 layers
-_TINY_CAPABLE: Mapping[str, Mapping[str, Any]] = {_ACCEPTANCE: {"self_spec_layers": 1}, _RULES: {}, _SPEED: {},
-                                                  _LOOKAHEAD: {}, _HEADS: {"vocab": 0}, _SERVING: {}}
+_TINY_CAPABLE: Mapping[str, Mapping[str, Any]] = {_QUICKSTART: {}, _ACCEPTANCE: {"self_spec_layers": 1}, _RULES: {},
+                                                  _SPEED: {}, _LOOKAHEAD: {}, _HEADS: {"vocab": 0}, _SERVING: {}}
 
 
 def _on_tiny_models(runs: tuple[NotebookRun, ...]) -> tuple[NotebookRun, ...]:
@@ -183,14 +183,14 @@ def _on_tiny_models(runs: tuple[NotebookRun, ...]) -> tuple[NotebookRun, ...]:
 
 #: The presets, by name. ``smoke`` is the smallest run of every notebook (its notebooks use all of
 #: torch's threads, as it times nothing worth keeping), ``tiny`` smoke on the random tiny pair
-#: wherever a notebook can use it (the tests run it), ``quick`` the default study, ``standard``
+#: in every notebook that loads models (the tests run it), ``quick`` the default study, ``standard``
 #: quick with the acceptance study (03) on every prompt x 128 tokens (the committed reference
 #: results), ``full`` everything at full size. The notebooks run in the order of their numbers
 #: except the report (08), which runs last, after 09 and 10, and reads the tables of all the others.
 PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
     Preset("smoke", "every notebook at its smallest size: checks an installation in a few minutes", _SMOKE_RUNS,
            report="08_report"),
-    Preset("tiny", "smoke on the random tiny pair wherever a notebook can use it (01 keeps the built-in pair): "
+    Preset("tiny", "smoke on the random tiny pair in every notebook that loads models: "
            "checks the pipeline in about two minutes", _on_tiny_models(_SMOKE_RUNS), report="08_report"),
     Preset("quick", "the default study, in auto's weight mode (the speed notebook's draft in w4a8-token beside a "
            "w8a8-token target): 10-12 minutes on a 2-core CPU in w8a8-token once the models are converted (28 in "
@@ -213,7 +213,7 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
                               "budgets": [4, 8, 16, 32, 64, 128], "warmup": 3, "repeats": 10}),
         NotebookRun(_SPEED, {"prompt_limit": 7, "max_new_tokens": 128,
                              "methods": ["chain-k2", "chain-k2-v32768", "chain-k4", "chain-k8", "tree-2x2x1",
-                                         "dynamic-w4-d5-b16", "adaptive", "ngram", "ngram-trie", "merged", "switch",
+                                         "dynamic-w4-d5-b16", "adaptive", "ngram", "ngram-trie", "merged", "switch", "choose",
                                          "self-spec-L24-k2"],
                              "sequoia_budgets": [4, 8, 16, 32], "probe_dtypes": ["bf16"],
                              "cost_sizes": [1, 2, 4, 8, 16, 32, 64, 128], "cost_prefix": 200,

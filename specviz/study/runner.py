@@ -219,12 +219,13 @@ def _read_marker(path: Path) -> dict[str, Any] | None:
 #: with the parameters and values that all switch the pair on where it is optional
 _BUILTIN = (("models", "builtin"),)
 _BUILTIN_PAIR_NOTEBOOKS: Mapping[str, tuple[tuple[str, Any], ...]] = {
-    "01_quickstart": (),
+    "01_quickstart": _BUILTIN,
     "03_chain_tree_dynamic": _BUILTIN,
     "04_verification_rules": (("real_models", True),) + _BUILTIN,
     "06_end_to_end_speed": _BUILTIN,
     "09_lookahead": _BUILTIN,
     "10_draft_heads": _BUILTIN,
+    "11_serving": _BUILTIN,
 }
 #: parameters that list further weight modes in which a notebook loads the built-in target
 _TARGET_MODE_PARAMETERS: Mapping[str, str] = {"06_end_to_end_speed": "probe_dtypes"}
