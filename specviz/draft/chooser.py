@@ -22,6 +22,7 @@ import torch
 from specviz.draft.base import CompositeDrafter, Drafter, drafting_steps, spawn
 from specviz.sampling import require_deterministic_siblings
 from specviz.tree import DraftTree
+from specviz.validate import check_int
 
 __all__ = ["ChooserDrafter"]
 
@@ -102,8 +103,7 @@ class ChooserDrafter(CompositeDrafter):
         if len(drafters) < 2:
             raise ValueError(f"ChooserDrafter needs at least two drafters, got {len(drafters)}")
         for name, value in (("explore", explore), ("revisit", revisit), ("time_samples", time_samples)):
-            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
-                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+            check_int(name, value, 0)
         for name, value in (("cheap", cheap), ("prior_accepted", prior_accepted),
                             ("prior_rejected", prior_rejected)):
             if not (isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0):

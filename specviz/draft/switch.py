@@ -22,6 +22,7 @@ from specviz.draft.base import CompositeDrafter, drafting_steps, spawn
 from specviz.draft.model import ChainDrafter
 from specviz.draft.ngram import AdaptiveNgramDrafter
 from specviz.sampling import require_deterministic_siblings
+from specviz.validate import check_int
 
 __all__ = ["SwitchDrafter"]
 
@@ -126,8 +127,7 @@ class SwitchDrafter(CompositeDrafter):
             if not (isinstance(value, (int, float)) and value > 0):
                 raise ValueError(f"{name} must be a positive number, got {value!r}")
         for name, value in (("explore", explore), ("patience", patience)):
-            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
-                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+            check_int(name, value, 0)
         super().__init__(drafters)
         self.explore, self.patience = explore, patience
         self.draft_cost = None if draft_cost is None else float(draft_cost)
