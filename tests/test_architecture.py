@@ -152,3 +152,31 @@ def test_every_dotted_specviz_name_resolves():
                                       ("specviz.drafters", False), ("specviz.tree.core.NoSuchThing", False)])
 def test_the_resolver_tells_stale_names(name, ok):
     assert resolves(name) is ok
+
+
+#: the house's size limits: no module over this many lines, no function over that many
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 600, 80
+
+
+def _oversized(paths) -> list[str]:
+    found = []
+    for path in paths:
+        text = path.read_text()
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            found.append(f"{path.name}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    found.append(f"{path.name}:{node.lineno} {node.name}: {length} lines")
+    return found
+
+
+def test_no_module_or_function_is_oversized():
+    assert _oversized(sorted(PACKAGE.rglob("*.py"))) == []
+
+
+def test_the_size_check_finds_a_long_module_and_function(tmp_path):
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    (tmp_path / "long.py").write_text("def f():\n" + body + "\n" + "\n" * MAX_MODULE_LINES)
+    assert [line.split(":")[0] for line in _oversized([tmp_path / "long.py"])] == ["long.py", "long.py"]

@@ -95,7 +95,7 @@ def test_parts_learn_their_acceptance_and_costs(tiny_pair):
 
 def test_a_part_left_out_for_long_is_revisited(tiny_pair):
     chooser = ChooserDrafter([NgramDrafter(n=3, k=4), ChainDrafter(tiny_pair.draft, 2)], explore=1, revisit=3,
-                             costs=_Costs(), draft_costs=[0.0, 10.0])  # the chain costs far too much
+                             costs=_Costs(), draft_costs=[0.0, 10.0], patience=0)  # the chain costs far too much
     context = torch.tensor([1, 2, 3, 4, 5])
     parts = []
     for _ in range(12):
@@ -104,6 +104,30 @@ def test_a_part_left_out_for_long_is_revisited(tiny_pair):
         chooser.observe(_step(tree, 0))
     # the lookup, asked first every step, never matches; the chain drafts when it has waited three steps
     assert parts == [1, None, None, None] * 3
+
+
+def test_expensive_parts_wait_while_a_cheap_part_drafts(tiny_pair):
+    chooser = ChooserDrafter([NgramDrafter(n=3, k=4), ChainDrafter(tiny_pair.draft, 2)], revisit=2, patience=2,
+                             costs=_Costs(), draft_costs=[0.0, 0.05])
+    repeating = torch.tensor([7, 8, 9, 10, 11, 12, 13, 7, 8, 9])
+    for _ in range(6):  # the lookup proposes every step: the chain is neither explored nor revisited
+        tree = chooser.draft(repeating, GREEDY, "greedy", None)
+        chooser.observe(_step(tree, 4))
+    assert [part for part, _ in chooser.history] == [chooser.drafters[0].name] * 6
+    assert chooser._first_s[1] is None  # the draft model never ran
+    parts = []
+    for _ in range(3):  # the lookup's drafts are rejected at their first token
+        tree = chooser.draft(repeating, GREEDY, "greedy", None)
+        parts.append(chooser.last_part)
+        chooser.observe(_step(tree, 0))
+    assert parts == [0, 0, 1]  # two steps without an accepted lookup token, then the chain is explored
+    silent = torch.tensor([1, 2, 3, 4, 5])
+    eager = ChooserDrafter([NgramDrafter(n=3, k=4), ChainDrafter(tiny_pair.draft, 2)], patience=0,
+                           costs=_Costs(), draft_costs=[0.0, 0.05])
+    eager.draft(silent, GREEDY, "greedy", None)
+    assert eager.last_part == 1  # no patience: explored at once
+    with pytest.raises(ValueError, match="patience"):
+        ChooserDrafter([NgramDrafter(), SuffixDrafter()], patience=-1)
 
 
 def test_sampled_runs_are_reproducible_with_fixed_costs(tiny_pair):

@@ -376,7 +376,7 @@ def test_the_chooser_under_sampling_reproduces_the_target_distribution(tiny_pair
     prompt = start + greedy + start  # suffix trees propose the greedy continuation again, the chain anything
     length, n = 3, 600
     chooser = ChooserDrafter([SuffixDrafter(n=3, depth=3, budget=4, max_sequences=0),
-                              ChainDrafter(tiny_pair.draft, 2)], explore=1, revisit=1)
+                              ChainDrafter(tiny_pair.draft, 2)], explore=1, revisit=1, patience=0)
     exact = _exact_sequence_probs(target, prompt, config, length, eos_token_ids(target))
     runs = speculative_generate_batch(target, chooser, [prompt] * n, max_new_tokens=length, config=config,
                                       verifier="topk", seed=list(range(n)), chat=False, analyze=False)

@@ -39,7 +39,8 @@ def _entry(cache):
 @pytest.mark.parametrize("flags, modes, words", [
     (AVX2, ("fp32", "w8a8-token"), ["bf16 untimed", "fbgemm AVX2"]),
     (VNNI, ("fp32", "w8a8-token"), ["bf16 untimed", "VNNI"]),
-    (VNNI | {"avx512_bf16"}, ("fp32", "bf16", "w8a8-token"), ["native bf16 (avx512_bf16)", "VNNI"]),
+    (VNNI | {"avx512_bf16"}, ("fp32", "w8a8-token"), ["native bf16 (avx512_bf16), timed only if w8a8-token misses",
+                                                      "VNNI"]),
     (AVX2 | {"amx_bf16", "amx_tile"}, ("fp32", "bf16", "w8a8-token"), ["native bf16 (amx_bf16)"]),
     ({"fpu", "sse4_2", "avx"}, ("fp32",), ["bf16 untimed", "no AVX2"]),
     ({"avx512_bf16"}, ("fp32", "bf16"), ["no AVX2"]),
@@ -50,6 +51,16 @@ def test_candidates_follow_the_instruction_set(flags, modes, words):
     assert got == modes
     assert all(w in reason for w in words), reason
     assert set(got) <= set(auto.AUTO_CANDIDATES)
+
+
+def test_bf16_is_the_fallback_where_the_vnni_kernel_runs():
+    assert auto.fallback_modes(VNNI | {"avx512_bf16"}) == ("bf16",)
+    assert auto.fallback_modes(VNNI) == auto.fallback_modes(AVX2 | {"amx_bf16"}) == ()
+    timed = {"t1_ms": 50.0, "t4_ms": 70.0}
+    assert not auto._w8a8_misses({"bf16": {"agreement": 0.99}, "w8a8-token": {**timed, "agreement": 0.98}})
+    assert auto._w8a8_misses({"bf16": {"agreement": 0.99}, "w8a8-token": {**timed, "agreement": 0.90}})
+    assert auto._w8a8_misses({"w8a8-token": {"error": "no fbgemm"}})
+    assert not auto._w8a8_misses({})  # not measured yet
 
 
 def test_candidates_default_to_this_cpu_and_refuse_a_string():

@@ -239,6 +239,21 @@ def test_vnni_kernel_equals_fbgemm_bit_for_bit(k, n, bias, residual):
     assert torch.equal(layer(x), layer.forward_pytorch(x))
 
 
+def test_fbgemm_packs_only_for_the_forwards_it_computes():
+    from specviz.quant.extension import vnni_kernel
+
+    _compiled_op_or_skip()
+    if not vnni_kernel():
+        pytest.skip("this CPU has no AVX-512 VNNI (or SPECVIZ_NO_VNNI is set): fbgemm computes every product")
+    x = torch.randn(6, 64, generator=torch.Generator().manual_seed(3))
+    layer = W8A8TokenLinear.from_linear(nn.Linear(64, 16), x.abs().amax(0))
+    out = layer(x)
+    assert layer._fbgemm is None  # the VNNI kernel took the forward: no fbgemm copy was made
+    layer.vnni_max_rows = 4  # 6 tokens x 2 passes are more: fbgemm takes them, packed now
+    assert torch.equal(layer(x), out) and layer._fbgemm is not None
+    assert torch.equal(layer(x), layer.forward_pytorch(x))
+
+
 def test_no_vnni_env_keeps_fbgemm(monkeypatch):
     from specviz.quant.extension import vnni_kernel
 
@@ -442,7 +457,8 @@ def test_teacher_forced_agreement_tables(tiny_pair):
     steps = []  # decoded together, the same continuations and choices, a progress call per token
     assert reference_texts(target, prompts, max_new_tokens=12, batch_size=3,
                            progress=lambda step, total: steps.append((step, total))) == texts
-    assert steps == [(step, 12) for step in range(2, 13)]  # the prefill's token, then one forward each
+    # the prefill's token, then one forward each, and one more for the choice after the last token
+    assert steps == [(step, 12) for step in range(2, 13)] + [(12, 12)]
     table = pd.concat([agreement_table(target, texts), agreement_table(quantized, texts)])
     assert (table.loc[table.weight_mode == "fp32", "agreement"] == 1.0).all()
     assert (table.continuation_positions == 13).all()

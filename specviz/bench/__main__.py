@@ -314,7 +314,7 @@ def _run(args: argparse.Namespace, specs: list[MethodSpec]) -> int:
     if "w8a8-token" in (dtype, args.draft_dtype):
         from specviz.quant.extension import fused_op_status, vnni_kernel
 
-        vnni = " (with its AVX-512 VNNI kernel for short forwards)" if vnni_kernel() else ""
+        vnni = " (with its AVX-512 VNNI kernel)" if vnni_kernel() else ""
         print(f"w8a8-token layers: {fused_op_status()}{vnni}")
     if "w4a8-token" in (dtype, args.draft_dtype):
         from specviz.quant.extension import fused_op_status, vnni_kernel

@@ -51,8 +51,8 @@ import torch
 from specviz.data.machine import cpu_flags, machine_key
 from specviz.quant.weights import is_auto
 
-__all__ = ["AUTO_CANDIDATES", "candidate_modes", "probe_weight_modes", "recorded_probes", "choose_weight_mode",
-           "is_auto", "machine_key", "resolve_auto"]
+__all__ = ["AUTO_CANDIDATES", "candidate_modes", "fallback_modes", "probe_weight_modes", "recorded_probes",
+           "choose_weight_mode", "is_auto", "machine_key", "resolve_auto"]
 
 #: every mode ``auto`` can pick on a CPU: fp32, and bf16 and w8a8-token where the instruction
 #: set runs them fast (:func:`candidate_modes` says where)
@@ -68,7 +68,11 @@ def candidate_modes(flags: Iterable[str] | None = None) -> tuple[tuple[str, ...]
 
     * **fp32**, always: the reference. Its greedy continuations are what every agreement is
       measured on, and it qualifies whatever the bar.
-    * **bf16**, only with native bf16 arithmetic (``avx512_bf16`` or ``amx_bf16``). Without
+    * **bf16**, only with native bf16 arithmetic (``avx512_bf16`` or ``amx_bf16``), and
+      where ``avx512_vnni`` runs w8a8-token's VNNI kernel too, only if w8a8-token misses the
+      bar (:func:`fallback_modes`): there w8a8-token's decode step plus 4-token verification
+      cost about a third of bf16's on both such CPUs probed (a 2-core AVX512-BF16 EPYC: 131
+      against 368 ms for the 1.5B; a 2-core AMX Xeon: 82 against 256 ms a decode step). Without
       it each bf16 product converts to fp32 and back, and a forward of 4 tokens costs 2.4
       one-token forwards (the AVX2 and the VNNI machines' probes): its decode step plus
       4-token verification cost 4 times w8a8-token's there, so it cannot win where
@@ -97,7 +101,10 @@ def candidate_modes(flags: Iterable[str] | None = None) -> tuple[tuple[str, ...]
         return ("fp32", "bf16", "w8a8-token"), "instruction set unknown (no CPU flags): measuring fp32, bf16 and w8a8-token"
     modes, why = ["fp32"], ["fp32: the reference"]
     native = [f for f in _BF16_FLAGS if f in flags]
-    if native:
+    if native and fallback_modes(flags):
+        why.append(f"bf16: native bf16 ({', '.join(native)}), timed only if w8a8-token misses the bar "
+                   "(the VNNI kernel's step costs about a third of bf16's)")
+    elif native:
         modes.append("bf16")
         why.append(f"bf16: native bf16 ({', '.join(native)})")
     else:
@@ -109,6 +116,23 @@ def candidate_modes(flags: Iterable[str] | None = None) -> tuple[tuple[str, ...]
         why.append("no w8a8-token: no AVX2 for fbgemm's int8 kernels")
     why.append("fp16, w4a8-token: never (no fast CPU kernels; a draft's mode)")
     return tuple(modes), "; ".join(why)
+
+
+def fallback_modes(flags: Iterable[str] | None = None) -> tuple[str, ...]:
+    """The modes ``auto`` times on a CPU with ``flags`` only where w8a8-token misses the
+    accuracy bar (or cannot run): bf16 where the CPU has both native bf16 and AVX-512 VNNI
+    (:func:`candidate_modes` says why)."""
+    flags = frozenset(cpu_flags() if flags is None else flags)
+    native = any(f in flags for f in _BF16_FLAGS)
+    return ("bf16",) if native and "avx512_vnni" in flags and any(f in flags for f in _AVX2_FLAGS) else ()
+
+
+def _w8a8_misses(entry: dict) -> bool:
+    """Whether the probe's w8a8-token record fails (an error, or agreement below the bar)."""
+    got = entry.get("w8a8-token", {})
+    if "error" in got:
+        return True
+    return "t1_ms" in got and bool(_verdict(entry, ["w8a8-token"]).lossy.iloc[0])
 
 
 def _probe_path(cache) -> Path:
@@ -412,6 +436,13 @@ def probe_weight_modes(name, modes: Sequence[str] | None = None, *, cache: str |
         run.measure(mode, f"{mode} ({i}/{len(todo)})")
     if bar:
         run.bar_agreement()
+    if modes is None:  # a fallback is timed where w8a8-token misses the bar
+        for mode in fallback_modes():
+            if _w8a8_misses(entry):
+                wanted.append(mode)
+                if _stale(entry, mode):
+                    log(f"auto: w8a8-token misses the bar here: timing {mode} as well")
+                    run.measure(mode, f"{mode} (the fallback)")
     run.release()
     return _verdict(entry, wanted)
 

@@ -101,22 +101,33 @@ def reference_texts(reference: LoadedModel, prompts: Sequence[Prompt], max_new_t
 
     With ``batch_size`` above 1 the continuations are decoded that many prompts together
     (:func:`~specviz.decode.plain_generate_batch`, several times the tokens per second on a
-    CPU; ``progress`` as there). A batched row may break a near-tie of the reference's top
-    two tokens the other way; the choices every agreement is scored on are the
-    reference's own along whichever continuation it decoded, so the text stays a fair test.
+    CPU; ``progress`` as there), and the choices are read off the hidden states that decoding
+    computed (the prefill's at the prompt, each step's at the token it fed), through the
+    reference's LM head, instead of a second forward over every text. A batched row may break
+    a near-tie of the reference's top two tokens the other way; the choices every agreement
+    is scored on are the reference's own along whichever continuation it decoded, so the
+    text stays a fair test.
     """
     check_int("max_new_tokens", max_new_tokens)
     check_int("batch_size", batch_size)
-    if batch_size == 1:
-        runs = [plain_generate(reference, prompt.text, max_new_tokens=max_new_tokens) for prompt in prompts]
-    else:
-        runs = plain_generate_batch(reference, [p.text for p in prompts], max_new_tokens=max_new_tokens,
-                                    batch_size=batch_size, progress=progress)
     texts = []
-    for prompt, run in zip(prompts, runs):
+    if batch_size == 1:
+        for prompt in prompts:
+            run = plain_generate(reference, prompt.text, max_new_tokens=max_new_tokens)
+            ids = run.prompt_ids + run.output_ids
+            texts.append(ReferenceText(prompt.question_id, prompt.category, ids, len(run.prompt_ids),
+                                       tuple(greedy_choices(reference, ids).tolist())))
+        return texts
+    runs = plain_generate_batch(reference, [p.text for p in prompts], max_new_tokens=max_new_tokens,
+                                batch_size=batch_size, progress=progress, features=True)
+    head = reference.model.get_output_embeddings()
+    for prompt, (run, hidden) in zip(prompts, runs):  # hidden: (T, H), one row per token of the text
         ids = run.prompt_ids + run.output_ids
+        with torch.no_grad():
+            choices = torch.cat([head(part.to(reference.device, reference.model.dtype)).argmax(-1).cpu()
+                                 for part in hidden.split(64)])  # (T,)
         texts.append(ReferenceText(prompt.question_id, prompt.category, ids, len(run.prompt_ids),
-                                   tuple(greedy_choices(reference, ids).tolist())))
+                                   tuple(choices.tolist())))
     return texts
 
 

@@ -51,10 +51,17 @@ from specviz.decode.prompts import check_prompt, encode_prompt, eos_token_ids, s
 from specviz.decode.records import GenerationResult, StepTrace
 from specviz.decode.rows import Row, check_drafter, finish_row, step_tree
 from specviz.draft.base import Drafter, TargetOutputs, draft_all, side_branch_of, spawn
-from specviz.models.kvcache import cache_length, compact_cache, forward_tokens, new_cache, select_rows
+from specviz.models.kvcache import (
+    cache_length,
+    compact_cache,
+    forward_tokens,
+    new_cache,
+    select_rows,
+    stack_caches,
+)
 from specviz.models.types import LoadedModel
 from specviz.sampling import GREEDY, SamplingConfig, make_generator, probs_from_logits
-from specviz.tree.core import DraftTree, pad_masks, pad_trees
+from specviz.tree.core import DraftTree, pad_trees
 from specviz.tree.side import SideBranch
 from specviz.validate import check_int
 from specviz.verify.rules import Verifier, as_verifier
@@ -142,27 +149,28 @@ def _node_probs(tree: DraftTree, logits: torch.Tensor, config: SamplingConfig) -
 def _prefill(target: LoadedModel, contexts: list[list[int]], hidden: bool = False):
     """A cache holding every context except its last token (right-padded rows), and with
     ``hidden`` the target's last hidden states there: one ``(len(c) - 1, E)`` tensor per
-    context (None without ``hidden``)."""
-    cache = new_cache(target.model)
-    lens = [len(c) - 1 for c in contexts]
-    m = max(lens)
-    if m == 0:
-        width = int(target.model.config.hidden_size)
-        return cache, ([torch.zeros(0, width) for _ in contexts] if hidden else None)
-    b = len(contexts)
-    ids = torch.zeros(b, m, dtype=torch.long)  # (B, m)
-    for r, c in enumerate(contexts):
-        ids[r, :lens[r]] = torch.tensor(c[:-1])
-    pos = torch.arange(m).expand(b, m)  # (B, m)
-    allowed = None
-    if min(lens) != m:
-        # causal within each row's own tokens; pad_masks puts padding after them
-        allowed = pad_masks([torch.ones(n, n, dtype=torch.bool).tril() for n in lens], [0] * b)  # (B, m, m)
-    out = forward_tokens(target.model, cache, ids, pos, allowed, logits_to_keep=1, hidden=hidden)
-    if not hidden:
-        return cache, None
-    states = out[1]  # (B, m, E)
-    return cache, [states[r, :n] for r, n in enumerate(lens)]
+    context (None without ``hidden``).
+
+    Each context is prefilled alone, the forward :func:`plain_generate` runs, and the
+    rows' caches are then stacked: a prompt costs its own tokens, not the longest prompt's
+    (one padded forward of B rows feeds B times the longest, which made the prefill of a
+    batch of mixed prompt lengths several times its rows' own), and every row starts from
+    exactly its plain decoding's cache."""
+    width = int(target.model.config.hidden_size)
+    caches, states = [], []
+    for c in contexts:
+        cache = new_cache(target.model)
+        n = len(c) - 1
+        if n == 0:
+            caches.append(cache)
+            states.append(torch.zeros(0, width))
+            continue
+        out = forward_tokens(target.model, cache, torch.tensor([c[:-1]]), torch.arange(n)[None], None,
+                             logits_to_keep=1, hidden=hidden)
+        caches.append(cache)
+        states.append(out[1][0] if hidden else None)  # (n, E)
+    cache = caches[0] if len(caches) == 1 else stack_caches(target.model, caches)
+    return cache, (states if hidden else None)
 
 
 def _verify_row(row: Row, tree: DraftTree, logits: torch.Tensor, verifier: Verifier, config: SamplingConfig,

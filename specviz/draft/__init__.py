@@ -1,6 +1,7 @@
 """Drafters: everything that proposes a draft tree.
 
 * :mod:`~specviz.draft.base` - the :class:`Drafter` interface and the draft model's KV cache;
+* :mod:`~specviz.draft.composite` - what drafters made of other drafters share;
 * :mod:`~specviz.draft.model` - draft-model trees, chains and EAGLE-2 dynamic trees;
 * :mod:`~specviz.draft.adaptive` - chains whose length follows recent acceptance;
 * :mod:`~specviz.draft.self_spec` - the target's own first layers as the draft;
@@ -22,6 +23,7 @@
 
 from specviz.draft.adaptive import *  # noqa: F401,F403
 from specviz.draft.base import *  # noqa: F401,F403
+from specviz.draft.composite import *  # noqa: F401,F403
 from specviz.draft.fallback import *  # noqa: F401,F403
 from specviz.draft.heads import *  # noqa: F401,F403
 from specviz.draft.lookahead import *  # noqa: F401,F403

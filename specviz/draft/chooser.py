@@ -19,7 +19,8 @@ from typing import Sequence
 
 import torch
 
-from specviz.draft.base import CompositeDrafter, Drafter, drafting_steps, spawn
+from specviz.draft.base import Drafter, drafting_steps, spawn
+from specviz.draft.composite import CompositeDrafter
 from specviz.sampling import require_deterministic_siblings
 from specviz.tree import DraftTree
 from specviz.validate import check_int
@@ -52,6 +53,13 @@ class ChooserDrafter(CompositeDrafter):
       measured); a part that is not cheap (below) and was not chosen for ``revisit``
       steps drafts the next one (the longest unchosen first), since what pays changes
       along a text;
+    * **patience**: once some part is measured cheap, the parts that are not (or not yet
+      measured) are neither explored nor revisited until the cheap parts have been
+      unproductive for ``patience`` steps in a row (no cheap part drafted the step, or its
+      first draft token was rejected). A draft model's first draft reads the whole context
+      (the prompt's prefill: a few hundred milliseconds for a 0.5B draft on a CPU) and its
+      catch-up after a run of lookup steps feeds every token it missed, which pays back
+      only where the lookups have nothing to offer; so list the cheap parts first;
     * **cheap parts are asked**: a part whose drafting costs at most ``cheap`` of
       ``t(1)`` (prompt lookup, suffix trees) drafts every step, and is priced by the tree
       it actually proposed (a lookup with no match is worth a plain step); the others are
@@ -74,6 +82,8 @@ class ChooserDrafter(CompositeDrafter):
             steps others draft.
         explore: steps each part drafts (with a proposal) before it is compared.
         revisit: the most steps a part waits before it drafts again (0: never forced).
+        patience: steps in a row without an accepted token from a cheap part before an
+            expensive part is explored or revisited (0: no wait).
         cheap: drafting time, as a share of ``t(1)``, up to which a part drafts every step.
         prior_accepted, prior_rejected: the Beta prior of every ``a_id``.
         costs: ``t(n)`` given (anything with ``target_s(n)`` in seconds, such as the
@@ -98,11 +108,12 @@ class ChooserDrafter(CompositeDrafter):
 
     def __init__(self, drafters: Sequence[Drafter], explore: int = 2, revisit: int = 24, cheap: float = 0.05,
                  prior_accepted: float = 1.0, prior_rejected: float = 1.0, costs=None,
-                 draft_costs: Sequence[float] | None = None, time_samples: int = 32) -> None:
+                 draft_costs: Sequence[float] | None = None, time_samples: int = 32, patience: int = 2) -> None:
         drafters = list(drafters)
         if len(drafters) < 2:
             raise ValueError(f"ChooserDrafter needs at least two drafters, got {len(drafters)}")
-        for name, value in (("explore", explore), ("revisit", revisit), ("time_samples", time_samples)):
+        for name, value in (("explore", explore), ("revisit", revisit), ("time_samples", time_samples),
+                            ("patience", patience)):
             check_int(name, value, 0)
         for name, value in (("cheap", cheap), ("prior_accepted", prior_accepted),
                             ("prior_rejected", prior_rejected)):
@@ -117,7 +128,7 @@ class ChooserDrafter(CompositeDrafter):
                 raise ValueError(f"draft_costs must give one drafting time >= 0 per part ({len(drafters)}), "
                                  f"got {draft_costs!r}")
         super().__init__(drafters)
-        self.explore, self.revisit, self.cheap = explore, revisit, float(cheap)
+        self.explore, self.revisit, self.cheap, self.patience = explore, revisit, float(cheap), patience
         self.prior = (float(prior_accepted), float(prior_rejected))
         self.costs, self.time_samples = costs, max(2, time_samples)
         self.draft_costs = None if draft_costs is None else tuple(float(c) for c in draft_costs)
@@ -137,12 +148,14 @@ class ChooserDrafter(CompositeDrafter):
         self._verify: list[tuple[int, float]] = []  # (tokens fed, seconds) of the latest timed steps
         self._fit: tuple[float, float, float] | None = None  # t(n)'s line through them: mean n, mean t, slope
         self._step = 0
+        self._silent = 0  # steps in a row in which no cheap part's draft token was accepted
         self.last_part: int | None = None
         self.history: list[tuple[str, tuple[float, ...]]] = []  # (chosen part or "plain", every part's worth)
 
     def spawn(self) -> "ChooserDrafter":
         return type(self)([spawn(d) for d in self.drafters], self.explore, self.revisit, self.cheap, *self.prior,
-                          costs=self.costs, draft_costs=self.draft_costs, time_samples=self.time_samples)
+                          costs=self.costs, draft_costs=self.draft_costs, time_samples=self.time_samples,
+                          patience=self.patience)
 
     # -- the estimates ---------------------------------------------------------------
 
@@ -202,6 +215,12 @@ class ChooserDrafter(CompositeDrafter):
 
     # -- drafting --------------------------------------------------------------------
 
+    def _waiting(self) -> bool:
+        """Whether the parts that are not cheap wait (``patience``): a part is measured cheap
+        and a cheap part's draft token was accepted within the last ``patience`` steps."""
+        return (self._silent < self.patience
+                and any(self.is_cheap(i) for i in range(len(self.drafters))))
+
     def _stalest(self) -> int | None:
         """The part that is not cheap and has waited longest past ``revisit`` steps, or None."""
         if not self.revisit:
@@ -231,12 +250,12 @@ class ChooserDrafter(CompositeDrafter):
         trees: dict[int, DraftTree] = {}
         best = None
         for i in range(n_parts):  # exploration: the first part short of its steps that proposes something
-            if self._chosen[i] < self.explore:
+            if self._chosen[i] < self.explore and (self.is_cheap(i) or not self._waiting()):
                 trees[i] = yield from self._draft_part(i, context, config, mode, generator)
                 if trees[i].n_nodes > 1:
                     best = i
                     break
-        if best is None:
+        if best is None and not self._waiting():
             best = self._stalest()
         if best is None:
             for i in range(n_parts):
@@ -276,6 +295,8 @@ class ChooserDrafter(CompositeDrafter):
             del self._verify[:-4 * self.time_samples]
             self._fit = None
         part = self.last_part
+        productive = part is not None and self.is_cheap(part) and step.acceptance.n_accepted > 0
+        self._silent = 0 if productive else self._silent + 1
         if part is None:
             return
         tree, accepted = step.tree, step.acceptance.n_accepted

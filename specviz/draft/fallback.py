@@ -16,7 +16,8 @@ from typing import Sequence
 
 import torch
 
-from specviz.draft.base import CompositeDrafter, Drafter, drafting_steps
+from specviz.draft.base import Drafter, drafting_steps
+from specviz.draft.composite import CompositeDrafter
 from specviz.sampling import require_deterministic_siblings
 
 __all__ = ["FallbackDrafter"]

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from specviz.draft.base import CompositeDrafter, Drafter, drafting_steps, drafting_steps_within, spawn
+from specviz.draft.base import Drafter, drafting_steps, drafting_steps_within, spawn
+from specviz.draft.composite import CompositeDrafter
 from specviz.sampling import check_sibling_sampling, siblings_sampled
 from specviz.tree.trie import merge_trees
 from specviz.validate import check_int

@@ -18,7 +18,8 @@ import statistics
 
 import torch
 
-from specviz.draft.base import CompositeDrafter, drafting_steps, spawn
+from specviz.draft.base import drafting_steps, spawn
+from specviz.draft.composite import CompositeDrafter
 from specviz.draft.model import ChainDrafter
 from specviz.draft.ngram import AdaptiveNgramDrafter
 from specviz.sampling import require_deterministic_siblings

@@ -218,7 +218,7 @@ def head_rows(head: nn.Module, rows: torch.Tensor) -> nn.Module:
             new.register_buffer(name, buf)
         new.out_features, new.in_features = rows.numel(), head.in_features
         new.alpha, new.residual = head.alpha, head.residual
-        new._packed = new._pack()
+        new._pack()
         return new
     raise TypeError(f"a reduced draft vocabulary needs a linear LM head; {type(head).__name__} is not one specviz "
                     "can take rows of")

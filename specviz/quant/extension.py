@@ -156,7 +156,8 @@ def fused_op_status() -> str:
 
 
 def vnni_kernel() -> bool:
-    """Whether ``w8a8-token`` layers built now take short forwards' integer products from the
+    """Whether ``w8a8-token`` layers built now take their integer products (every forward's, by
+    default: :attr:`~specviz.quant.w8a8.W8A8TokenLinear.vnni_max_rows`) from the
     compiled operator's own AVX-512 VNNI kernel: the operator is built, the CPU has AVX-512
     VNNI and ``SPECVIZ_NO_VNNI`` is not set. Elsewhere fbgemm computes them (the same values,
     bit for bit)."""

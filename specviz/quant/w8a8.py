@@ -12,6 +12,7 @@ Dimension legend: M = rows fed (tokens), K = in_features, N = out_features.
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import torch
@@ -83,6 +84,22 @@ def _row_sums(qweight: torch.Tensor) -> torch.Tensor:
 
 
 
+#: :attr:`W8A8TokenLinear.vnni_max_rows` by default: more rows than any forward feeds
+_ALL_ROWS = 1 << 30
+
+
+@functools.lru_cache(maxsize=1)
+def _unread_packing():
+    """A one-channel fbgemm packing that the operator takes where its VNNI kernel computes
+    the product and never reads (its schema asks for a packed weight)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        qw = torch._make_per_channel_quantized_tensor(torch.zeros(1, 1, dtype=torch.int8),
+                                                      torch.ones(1, dtype=torch.double),
+                                                      torch.zeros(1, dtype=torch.long), 0)
+        return torch.ops.quantized.linear_prepack(qw, None)
+
+
 class W8A8TokenLinear(nn.Module):
     """int8 weights x int8 activations, one activation scale per token (row), and by
     default a second int8 pass over each token's rounding residual.
@@ -134,8 +151,9 @@ class W8A8TokenLinear(nn.Module):
     row around the same fbgemm call, where it could be compiled; :meth:`forward_pytorch`
     is the same computation in PyTorch operators, with bit-identical results. On CPUs with
     AVX-512 VNNI the operator computes the integer products of forwards of at most
-    :attr:`vnni_max_rows` fed rows (by default all) with its own kernel, from a second copy of the weight in
-    that kernel's layout (:func:`vnni_layout`), again bit for bit.
+    :attr:`vnni_max_rows` fed rows (by default all) with its own kernel, from the weight in that
+    kernel's layout (:func:`vnni_layout`), again bit for bit; fbgemm's packed copy is then made
+    only for a forward that needs it.
 
     Raises:
         ValueError: PyTorch here has no fbgemm quantized engine (it is x86-only), or
@@ -153,7 +171,7 @@ class W8A8TokenLinear(nn.Module):
     #: faster than fbgemm's at every size measured, the 1.5B target's forward of 8 tokens
     #: 101-103 against 124-128 ms, of 64 tokens 605-615 against 771-1003 ms, its prefill of
     #: 227 tokens 907-951 against 1148-1175 ms
-    vnni_max_rows: int = 1 << 30
+    vnni_max_rows: int = _ALL_ROWS
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, input_absmax: torch.Tensor | None = None,
                  alpha: float = 0.5, residual: bool = True) -> None:
@@ -173,18 +191,34 @@ class W8A8TokenLinear(nn.Module):
         self.register_buffer("inv_smooth", (1.0 / smooth).contiguous())
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
         self.alpha, self.residual = alpha, bool(residual)
-        self._packed = self._pack()
+        self._pack()
 
-    def _pack(self):
-        """fbgemm's packing of the weight with zero columns for the two range inputs,
-        (N, K + 2), and the VNNI kernel's layout where that kernel runs."""
+    def _pack(self) -> None:
+        """Lay the weight out for its kernels: the VNNI kernel's layout where that kernel
+        runs, now; fbgemm's packing (:attr:`_packed`) when a forward first needs it. With the
+        VNNI kernel taking every forward (:attr:`vnni_max_rows` at its default), fbgemm's copy
+        is never made: a load of the 1.5B target then skips about 6 s of packing and 1.3 GB.
+        (A layer whose ``vnni_max_rows`` is lowered packs at its first forward; lower it
+        before a traced forward records the layer.)"""
         self._vnni = vnni_layout(self.qweight, self.scales) if vnni_kernel() else None
-        source = torch.cat([self.qweight, self.qweight.new_zeros(self.out_features, 2)], dim=1)
-        with warnings.catch_warnings():  # quantized tensors are deprecated as a user API, not fbgemm's kernels
-            warnings.simplefilter("ignore", UserWarning)
-            qw = torch._make_per_channel_quantized_tensor(source, self.scales.double(),
-                                                          torch.zeros(self.out_features, dtype=torch.long), 0)
-            return torch.ops.quantized.linear_prepack(qw, None)
+        self._fbgemm = None
+        # what the operator's schema takes where the VNNI kernel computes every product (it
+        # never reads it); an attribute of the layer, as a traced forward needs
+        self._unread = _unread_packing() if self._vnni is not None else None
+
+    @property
+    def _packed(self):
+        """fbgemm's packing of the weight with zero columns for the two range inputs,
+        (N, K + 2), made on first use."""
+        if self._fbgemm is None:
+            source = torch.cat([self.qweight, self.qweight.new_zeros(self.out_features, 2)], dim=1)
+            with warnings.catch_warnings():  # quantized tensors are deprecated as a user API, not fbgemm's kernels
+                warnings.simplefilter("ignore", UserWarning)
+                qw = torch._make_per_channel_quantized_tensor(source, self.scales.double(),
+                                                              torch.zeros(self.out_features, dtype=torch.long), 0)
+                self._fbgemm = torch.ops.quantized.linear_prepack(qw, None)
+        return self._fbgemm
+
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, input_absmax: torch.Tensor | None = None,
@@ -203,7 +237,9 @@ class W8A8TokenLinear(nn.Module):
         op = w8a8_token_op()
         if op is not None:  # the same arithmetic as below, in one compiled operator
             if self._vnni is not None:
-                return op(x, self.inv_smooth, self._packed, self.bias, residual, *self._vnni, self.vnni_max_rows)
+                # decided by the layer's settings, not the forward's size, so a trace holds for every size
+                packed = self._unread if self.vnni_max_rows >= _ALL_ROWS else self._packed
+                return op(x, self.inv_smooth, packed, self.bias, residual, *self._vnni, self.vnni_max_rows)
             return op(x, self.inv_smooth, self._packed, self.bias, residual)
         return self.forward_pytorch(x, residual)
 
@@ -245,7 +281,7 @@ class W8A8TokenLinear(nn.Module):
             new.register_buffer(name, None if buf is None else buf.clone())
         new.out_features, new.in_features = self.out_features, self.in_features
         new.alpha, new.residual = self.alpha, self.residual
-        new._packed = new._pack()
+        new._pack()
         return new
 
     def extra_repr(self) -> str:

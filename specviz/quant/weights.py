@@ -396,7 +396,7 @@ def _rebuild(entry: dict, tensors: dict[str, torch.Tensor]) -> nn.Module:
         raise ValueError(f"saved layer {entry['name']!r} has a weight of shape {tuple(qweight.shape)}, not "
                          f"{(layer.out_features, layer.in_features)}")
     if isinstance(layer, W8A8TokenLinear):
-        layer._packed = layer._pack()
+        layer._pack()
     return layer
 
 
