@@ -84,11 +84,18 @@ def test_parts_learn_their_acceptance_and_costs(tiny_pair):
     assert chooser._chosen == [0, 2]
     chooser._draft_s[1] = [0.05, 0.07]
     assert chooser.draft_s(1) == pytest.approx(0.06) and not chooser.is_cheap(1)  # the median of the later drafts
-    # verification: one size timed keeps the prior's shape, two sizes fit a line
+    # verification: a size's first step is left out, one size timed keeps the prior's shape
+    assert chooser._verify == [(3, 0.12)]
     assert chooser.verify_s(1) == pytest.approx(0.12 * 0.25 / (0.25 + 2 * 0.005))
     chooser.last_part = None
-    chooser.observe(_step(type(tree).from_lists([5], [-1]), 0, verify_s=0.10))
+    plain = type(tree).from_lists([5], [-1])
+    for seconds in (0.30, 0.10):  # the first one-token step (0.30) is a warm-up
+        chooser.observe(_step(plain, 0, verify_s=seconds))
     assert chooser.verify_s(1) == pytest.approx(0.10) and chooser.verify_s(5) == pytest.approx(0.14)
+    chooser.last_part = 1  # two sizes: the line through their medians, which one slow forward hardly moves
+    for seconds in (0.12, 5.0):
+        chooser.observe(_step(tree, 0, verify_s=seconds))
+    assert chooser.verify_s(5) == pytest.approx(0.14)
     chooser.reset()
     assert chooser._tried == [[], []] and chooser.history == [] and chooser._verify == []
 

@@ -28,6 +28,21 @@ from specviz.validate import check_int
 __all__ = ["ChooserDrafter"]
 
 
+def _robust_line(points: Sequence[tuple[int, float]]) -> tuple[float, float, float]:
+    """``t(n)``'s line through timed ``(n, seconds)`` points of at least two sizes, as
+    ``(base size, its time, slope)``: each size's median time, anchored at the smallest size,
+    and the median of the slopes from it to every other size (at least 0). One slow forward
+    (a first call of a shape, another process) moves a median little, where it could tilt a
+    least-squares line enough to price every tree out."""
+    by_size: dict[int, list[float]] = {}
+    for n, s in points:
+        by_size.setdefault(n, []).append(s)
+    medians = sorted((n, statistics.median(times)) for n, times in by_size.items())
+    base, level = medians[0]
+    slope = statistics.median((s - level) / (n - base) for n, s in medians[1:])
+    return float(base), level, max(0.0, slope)
+
+
 class ChooserDrafter(CompositeDrafter):
     """Each step, the part with the highest expected committed tokens per second.
 
@@ -40,10 +55,12 @@ class ChooserDrafter(CompositeDrafter):
     sequence, prior ``Beta(prior_accepted, prior_rejected)``), ``t(n)`` the target's
     verification time for ``n`` tokens and ``c_i`` the part's drafting time (the median
     of its latest drafts, timed whether or not they were chosen; its first, which reads
-    the prompt, left out once there are others). ``t(n)`` is given (``costs``) or a line fitted to every step's measured
-    verification time over the tokens it fed; before two sizes are timed (and in a replay,
-    which times no target) the prior :attr:`verify_prior_s` gives its shape. Plain
-    decoding is worth ``1 / t(1)``.
+    the prompt, left out once there are others). ``t(n)`` is given (``costs``) or a line
+    through the steps' measured verification times over the tokens they fed (each size's
+    median, and the median slope between sizes; the first step of each size, which can carry
+    one-off costs, left out); before two sizes are timed (and in a replay, which times no
+    target) the prior :attr:`verify_prior_s` gives its shape. Plain decoding is worth
+    ``1 / t(1)``.
 
     Each step:
 
@@ -146,7 +163,8 @@ class ChooserDrafter(CompositeDrafter):
         self._chosen = [0] * n  # steps each part drafted
         self._last = [-1] * n  # the step each part last drafted
         self._verify: list[tuple[int, float]] = []  # (tokens fed, seconds) of the latest timed steps
-        self._fit: tuple[float, float, float] | None = None  # t(n)'s line through them: mean n, mean t, slope
+        self._fed_sizes: set[int] = set()  # sizes verified at least once (their first step is a warm-up)
+        self._fit: tuple[float, float, float] | None = None  # t(n)'s line: base size, its time, slope
         self._step = 0
         self._silent = 0  # steps in a row in which no cheap part's draft token was accepted
         self.last_part: int | None = None
@@ -166,12 +184,9 @@ class ChooserDrafter(CompositeDrafter):
         points = self._verify
         if len({p for p, _ in points}) >= 2:
             if self._fit is None:  # refitted after each timed step
-                mx = statistics.fmean(p for p, _ in points)
-                my = statistics.fmean(t for _, t in points)
-                sxx = sum((p - mx) ** 2 for p, _ in points)
-                self._fit = (mx, my, max(0.0, sum((p - mx) * (t - my) for p, t in points) / sxx))
-            mx, my, slope = self._fit
-            return max(my + slope * (n - mx), 1e-6)
+                self._fit = _robust_line(points)
+            base, level, slope = self._fit
+            return max(level + slope * (n - base), 1e-6)
         if points:  # one size timed: the prior's shape through the measured level
             base, per = self.verify_prior_s
             level = statistics.median(t for _, t in points) / (base + per * (points[0][0] - 1))
@@ -290,7 +305,9 @@ class ChooserDrafter(CompositeDrafter):
         super().observe(step, outputs)
         if step is None:
             return
-        if step.verify_time_s > 0:
+        if step.verify_time_s > 0 and step.fed_tokens not in self._fed_sizes:
+            self._fed_sizes.add(step.fed_tokens)  # a size's first forward can carry one-off costs: left out
+        elif step.verify_time_s > 0:
             self._verify.append((step.fed_tokens, step.verify_time_s))
             del self._verify[:-4 * self.time_samples]
             self._fit = None
