@@ -197,9 +197,9 @@ class W8A8TokenLinear(nn.Module):
         """Lay the weight out for its kernels: the VNNI kernel's layout where that kernel
         runs, now; fbgemm's packing (:attr:`_packed`) when a forward first needs it. With the
         VNNI kernel taking every forward (:attr:`vnni_max_rows` at its default), fbgemm's copy
-        is never made: a load of the 1.5B target then skips about 6 s of packing and 1.3 GB.
-        (A layer whose ``vnni_max_rows`` is lowered packs at its first forward; lower it
-        before a traced forward records the layer.)"""
+        is never made: a load of the 1.5B target then skips about 6 s of packing and 1.8 GB
+        of resident memory. (A layer whose ``vnni_max_rows`` is lowered packs at its first
+        forward; lower it before a traced forward records the layer.)"""
         self._vnni = vnni_layout(self.qweight, self.scales) if vnni_kernel() else None
         self._fbgemm = None
         # what the operator's schema takes where the VNNI kernel computes every product (it
