@@ -88,16 +88,20 @@ def _row_sums(qweight: torch.Tensor) -> torch.Tensor:
 _ALL_ROWS = 1 << 30
 
 
+def _fbgemm_packing(qweight: torch.Tensor, scales: torch.Tensor):
+    """fbgemm's packing of an int8 ``(N, K)`` weight with one scale per output channel."""
+    with warnings.catch_warnings():  # quantized tensors are deprecated as a user API, not fbgemm's kernels
+        warnings.simplefilter("ignore", UserWarning)
+        qw = torch._make_per_channel_quantized_tensor(qweight, scales.double(),
+                                                      torch.zeros(qweight.shape[0], dtype=torch.long), 0)
+        return torch.ops.quantized.linear_prepack(qw, None)
+
+
 @functools.lru_cache(maxsize=1)
 def _unread_packing():
     """A one-channel fbgemm packing that the operator takes where its VNNI kernel computes
     the product and never reads (its schema asks for a packed weight)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        qw = torch._make_per_channel_quantized_tensor(torch.zeros(1, 1, dtype=torch.int8),
-                                                      torch.ones(1, dtype=torch.double),
-                                                      torch.zeros(1, dtype=torch.long), 0)
-        return torch.ops.quantized.linear_prepack(qw, None)
+    return _fbgemm_packing(torch.zeros(1, 1, dtype=torch.int8), torch.ones(1))
 
 
 class W8A8TokenLinear(nn.Module):
@@ -212,13 +216,8 @@ class W8A8TokenLinear(nn.Module):
         (N, K + 2), made on first use."""
         if self._fbgemm is None:
             source = torch.cat([self.qweight, self.qweight.new_zeros(self.out_features, 2)], dim=1)
-            with warnings.catch_warnings():  # quantized tensors are deprecated as a user API, not fbgemm's kernels
-                warnings.simplefilter("ignore", UserWarning)
-                qw = torch._make_per_channel_quantized_tensor(source, self.scales.double(),
-                                                              torch.zeros(self.out_features, dtype=torch.long), 0)
-                self._fbgemm = torch.ops.quantized.linear_prepack(qw, None)
+            self._fbgemm = _fbgemm_packing(source, self.scales)
         return self._fbgemm
-
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, input_absmax: torch.Tensor | None = None,
