@@ -51,12 +51,12 @@ def test_load_pair_fuses_a_w4a8_draft_only(w4_pair):
     assert layers_of(w4_pair.draft.model) == "fused-one-pass" and not is_fused(w4_pair.target.model)
     assert fused_support(w4_pair.draft.model) is None
     assert "not w4a8-token layers" in fused_support(w4_pair.target.model)
-    for layers in ("modules", "fused"):
-        pair = make_tiny_pair(dtype="fp32", draft_dtype="w4a8-token", draft_layers=layers)
-        assert layers_of(pair.draft.model) == layers
+    pair = make_tiny_pair(dtype="fp32", draft_dtype="w4a8-token", draft_layers="modules")
+    assert layers_of(pair.draft.model) == "modules"
     assert not is_fused(make_tiny_pair(dtype="w8a8-token").draft.model)  # another mode: modules
-    with pytest.raises(ValueError, match="draft_layers must be one of"):
-        make_tiny_pair(draft_dtype="w4a8-token", draft_layers="fast")
+    for retired in ("fast", "fused"):  # "fused", the two activation passes, is retired
+        with pytest.raises(ValueError, match="draft_layers must be one of"):
+            make_tiny_pair(draft_dtype="w4a8-token", draft_layers=retired)
     with pytest.raises(ValueError, match="layers must be one of"):
         fuse_layers(w4_pair.draft.model, True)
 
@@ -66,27 +66,23 @@ def test_fused_layers_approximate_the_modules_and_fill_the_same_cache(w4_pair):
     ids = w4_pair.draft.tokenizer(PROMPT, return_tensors="pt").input_ids
     modules, module_cache = _decode(model, ids, 12, "modules")
     scale = modules.abs().max()
-    results = {}
-    for layers, tolerance in (("fused", 0.02), ("fused-one-pass", 0.05)):
-        fused, fused_cache = results[layers] = _decode(model, ids, 12, layers)
-        assert (fused - modules).abs().max() < tolerance * scale  # rounding, not a different computation
-        assert not torch.equal(fused, modules)  # its own float code: not the modules' bits
-        assert (fused.argmax(-1) == modules.argmax(-1)).float().mean() >= 0.8
-        assert cache_length(fused_cache) == cache_length(module_cache) == ids.shape[1] + 12
-        for a, b in zip(fused_cache.layers, module_cache.layers):
-            assert a.keys.shape == b.keys.shape
-            assert (a.keys - b.keys).abs().max() < tolerance * b.keys.abs().max()
-            assert (a.values - b.values).abs().max() < tolerance * b.values.abs().max()
-    # one activation pass is other arithmetic than two
-    assert not torch.equal(results["fused"][0], results["fused-one-pass"][0])
+    fused, fused_cache = _decode(model, ids, 12, "fused-one-pass")
+    tolerance = 0.05  # one activation pass and the operator's own float code: rounding
+    assert (fused - modules).abs().max() < tolerance * scale  # rounding, not a different computation
+    assert not torch.equal(fused, modules)  # its own float code: not the modules' bits
+    assert (fused.argmax(-1) == modules.argmax(-1)).float().mean() >= 0.8
+    assert cache_length(fused_cache) == cache_length(module_cache) == ids.shape[1] + 12
+    for a, b in zip(fused_cache.layers, module_cache.layers):
+        assert a.keys.shape == b.keys.shape
+        assert (a.keys - b.keys).abs().max() < tolerance * b.keys.abs().max()
+        assert (a.values - b.values).abs().max() < tolerance * b.values.abs().max()
 
 
-@pytest.mark.parametrize("layers", ["fused", "fused-one-pass"])
-def test_a_fused_forward_of_several_tokens_equals_one_token_forwards_bit_for_bit(w4_pair, layers):
+def test_a_fused_forward_of_several_tokens_equals_one_token_forwards_bit_for_bit(w4_pair):
     """Every row runs the same code whatever the forward holds: a catch-up of three tokens
     gives each token the logits and cache entries of feeding it alone."""
     model = w4_pair.draft.model
-    fuse_layers(model, layers)
+    fuse_layers(model, "fused-one-pass")
     ids = w4_pair.draft.tokenizer(PROMPT, return_tensors="pt").input_ids
     n = ids.shape[1]
     new = torch.tensor([[11, 12, 13]])
@@ -106,9 +102,8 @@ def test_a_fused_forward_of_several_tokens_equals_one_token_forwards_bit_for_bit
 
 def test_one_pass_holds_for_the_modules_forwards_too(w4_pair):
     """``fused-one-pass`` puts every product of the draft (head included) in one activation
-    pass, so a tree forward through the modules is one pass as well; the other choices give
-    each layer back the passes it was built with, and the fused call follows. A prefill is
-    one pass under every choice (the prompt's rule, :mod:`specviz.quant.passes`)."""
+    pass, so a tree forward through the modules is one pass as well; ``"modules"`` gives
+    each layer back the passes it was built with."""
     from specviz.quant.w4a8 import W4A8TokenLinear
 
     model = w4_pair.draft.model
@@ -134,16 +129,14 @@ def test_one_pass_holds_for_the_modules_forwards_too(w4_pair):
     forward_tokens(model, start, ids[:, :p], torch.arange(p)[None], None)
     try:
         results = {}
-        for layers in ("fused-one-pass", "fused", "modules", "fused-one-pass", "fused"):
+        for layers in ("fused-one-pass", "modules", "fused-one-pass", "modules"):
             fuse_layers(model, layers)
-            assert {m.residual for m in products} == {layers != "fused-one-pass"}
+            assert {m.residual for m in products} == {layers == "modules"}
             results.setdefault(layers, []).append(prefill_and_tree())
         for runs in results.values():  # switching back and forth gives the same bits
             assert all(torch.equal(a, b) for a, b in zip(runs[0], runs[-1]))
-        assert torch.equal(results["fused-one-pass"][0][0], results["fused"][0][0])  # every prefill: one pass
-        one, two = results["fused-one-pass"][0][1], results["fused"][0][1]
+        one, two = results["fused-one-pass"][0][1], results["modules"][0][1]
         assert not torch.equal(one, two) and (one - two).abs().max() < 0.05 * two.abs().max()
-        assert torch.equal(results["modules"][0][1], two)  # the tree forward: the same modules, both passes
         fuse_layers(model, "fused-one-pass")
         for layer in products:  # in one pass, the operator still computes the PyTorch code's bits
             x = torch.randn(2, layer.in_features)
@@ -283,7 +276,7 @@ def test_bench_records_how_the_draft_layers_ran(tmp_path, capsys):
     rows = load_results(out)
     assert set(rows["draft_layers"]) == {"fused-one-pass"}
     assert bool(rows.loc[rows["method"] == "chain-k2", "matches_plain"].all())
-    assert main(common + ["--draft-layers", "fused", "--out", str(out)]) == 2  # resuming another way is refused
+    assert main(common + ["--draft-layers", "modules", "--out", str(out)]) == 2  # resuming another way is refused
     assert "draft_layers" in capsys.readouterr().err
     other = tmp_path / "modules.csv"
     assert main(common + ["--draft-layers", "modules", "--out", str(other)]) == 0

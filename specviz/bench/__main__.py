@@ -309,8 +309,7 @@ def _run(args: argparse.Namespace, specs: list[MethodSpec]) -> int:
     if args.draft_dtype != dtype:
         print(f"draft model in {args.draft_dtype}")
     if args.draft_layers != "modules":
-        passes = "one activation pass" if args.draft_layers == "fused-one-pass" else "two activation passes"
-        print(f"draft decoder layers: {args.draft_layers} (one compiled call per layer, {passes})")
+        print(f"draft decoder layers: {args.draft_layers} (one compiled call per layer, one activation pass)")
     if "w8a8-token" in (dtype, args.draft_dtype):
         from specviz.quant.extension import fused_op_status, vnni_kernel
 

@@ -66,8 +66,8 @@ def e2e_parser() -> argparse.ArgumentParser:
                         "accuracy costs acceptance, never exactness; plain decoding and the peers keep --dtype")
     p.add_argument("--draft-layers", choices=DRAFT_LAYERS, default=DEFAULT_DRAFT_LAYERS,
                    help="how a w4a8-token draft on the CPU runs its decoder layers: fused-one-pass (default: one "
-                        "compiled call per layer, activations in one pass), fused (the mode's two activation "
-                        "passes) or modules; recorded in the draft_layers column (other drafts: modules)")
+                        "compiled call per layer, activations in one pass) or modules; recorded in the "
+                        "draft_layers column (other drafts: modules)")
     p.add_argument("--device", default="auto",
                    help="where the models run: auto (default: CUDA, then MPS, then the CPU, among those "
                         "that run --dtype), cpu, cuda[:N] or mps")

@@ -390,7 +390,7 @@ def load_results(path: str | os.PathLike) -> pd.DataFrame:
     each old name read to its current name. Files written before the ``device`` column
     existed were measured on the CPU and read with ``device`` "cpu"; before
     ``draft_dtype``, both models ran in ``dtype``; before ``draft_layers``, the draft ran
-    its modules' forward ("modules", not "fused").
+    its modules' forward ("modules").
     """
     path = Path(path)
     if not path.is_file():

@@ -13,17 +13,13 @@ a draft's logits decide what is proposed, never what is accepted (the target ver
 with its own forward), so speculative decoding stays exactly as lossless as before, and a
 draft's acceptance moves by rounding noise. Targets never run it.
 
-A draft's activations need not be as exact as a target's: ``"fused-one-pass"`` (the
-default) quantizes each product's input once per token, without ``w4a8-token``'s second
-int8 pass over the rounding residual, which halves the rows of every product, in the fused
-calls and in the forwards that run the modules (prefills, tree masks) alike. ``"fused"``
-keeps both passes.
-
-On a 2-core AVX-512 VNNI Xeon, the 0.5B after 200 tokens (medians of 15 passes interleaved
-in one process): a one-token forward 28.6 ms through the modules, 20.7 ms fused, 20.3 ms
-fused with one pass; three tokens 34.7, 29.8 and 24.7 ms. Its teacher-forced agreement with
-the ``w8a8-token`` target's continuations on the benchmark's seven prompts (64 tokens each,
-fed one at a time): 0.790, 0.790 and 0.797.
+A draft's activations need not be as exact as a target's: a fused draft quantizes each
+product's input once per token, without ``w4a8-token``'s second int8 pass over the rounding
+residual, which halves the rows of every product, in the fused calls and in the forwards that
+run the modules (prefills, tree masks) alike. On a 2-core AVX-512 VNNI Xeon, the 0.5B after 200
+tokens: a one-token forward 28.6 ms through the modules, 20.3 ms fused; three tokens 34.7 and
+24.7 ms; its teacher-forced agreement with the ``w8a8-token`` target's continuations on the
+benchmark's seven prompts 0.790 and 0.797.
 
 The operator also takes a mask of the slots each new token sees, which is how a trained
 EAGLE head in ``w4a8-token`` (:class:`~specviz.heads.EagleHead`) feeds a draft tree's nodes
@@ -47,15 +43,13 @@ import torch
 from specviz.models.decoder import DIRECT_FORWARD_CLASSES, direct_forward_supported, has_hooks, layer_modules, layers_unchanged
 from specviz.models.slots import reserve_slots
 from specviz.quant.extension import vnni_kernel, w8a8_token_op
-from specviz.quant.passes import whole_forward_in_prompt
 from specviz.validate import check_choice
 
 __all__ = ["DRAFT_LAYERS", "DEFAULT_DRAFT_LAYERS", "FUSED_ATTR", "FUSED_MAX_TOKENS", "fuse_layers", "layers_of",
            "is_fused", "fusable", "fused_support", "causal_over_cache", "fused_forward"]
 
-#: how a draft's decoder layers run: its modules, fused calls with the mode's two
-#: activation passes, or fused calls with one
-DRAFT_LAYERS: tuple[str, ...] = ("modules", "fused", "fused-one-pass")
+#: how a draft's decoder layers run: its modules, or fused calls with one activation pass
+DRAFT_LAYERS: tuple[str, ...] = ("modules", "fused-one-pass")
 #: what :func:`~specviz.models.loading.load_pair` gives a ``w4a8-token`` draft
 DEFAULT_DRAFT_LAYERS = "fused-one-pass"
 #: the model attribute :func:`fuse_layers` sets
@@ -75,7 +69,7 @@ def fuse_layers(model, layers: str = DEFAULT_DRAFT_LAYERS):
     """
     check_choice("layers", layers, DRAFT_LAYERS)
     setattr(model, FUSED_ATTR, layers)
-    _set_passes(model, one_pass=layers == "fused-one-pass")
+    _set_passes(model, one_pass=layers != "modules")
     return model
 
 
@@ -247,9 +241,8 @@ def causal_over_cache(allowed: torch.Tensor | None, cached: int) -> bool:
 def fused_forward(model, cache, tokens: torch.Tensor, position_ids: torch.Tensor, logits_to_keep: int,
                   hidden: bool, head=None):
     """``model``'s forward of ``tokens`` after its cache with every decoder layer one
-    compiled call (activations in one pass where :func:`fuse_layers` said
-    ``"fused-one-pass"``), each new token seeing the whole cache and the new tokens up to
-    itself.
+    compiled call (activations in one pass, as :func:`fuse_layers` set its products), each
+    new token seeing the whole cache and the new tokens up to itself.
 
     Returns:
         ``(logits, last hidden states or None)`` as :func:`~specviz.models.kvcache.forward_tokens`'
@@ -264,11 +257,10 @@ def fused_forward(model, cache, tokens: torch.Tensor, position_ids: torch.Tensor
     h = decoder.embed_tokens(tokens)  # (B, N, E)
     cos, sin = decoder.rotary_emb(h, position_ids)  # (B, N, D) each
     use_vnni = vnni_kernel()
-    two_passes = layers_of(model) != "fused-one-pass" and not whole_forward_in_prompt()
     n = tokens.shape[1]
     for index, p in enumerate(params):
         keys, values, held = reserve_slots(cache, index, n, h.shape[0], p[16], p[17], h)
-        h = op(h, keys, values, held, cos, sin, *p[:-1], p[-1] and two_passes, use_vnni)
+        h = op(h, keys, values, held, cos, sin, *p, use_vnni)
     h = decoder.norm(h)
     kept = h[:, slice(-logits_to_keep, None), :]
     return (model.lm_head if head is None else head)(kept), (h if hidden else None)

@@ -181,8 +181,7 @@ def load_pair(target: "str | LoadedModel" = DEFAULT_TARGET, draft: "str | Loaded
     (:mod:`specviz.models.fused`): ``"fused-one-pass"`` (default: one compiled call per
     layer, and every product's input quantized in one pass, in the forwards that run the
     modules too; about 30% less time per forward, its logits different from the modules'
-    by rounding), ``"fused"`` (the mode's two activation passes) or ``"modules"`` (the
-    modules' forward). Other drafts run their modules.
+    by rounding) or ``"modules"`` (the modules' forward). Other drafts run their modules.
 
     Raises:
         TokenizerMismatchError: the vocabularies or special tokens differ (says which).
