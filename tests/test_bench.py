@@ -98,6 +98,14 @@ def test_greedy_run_writes_rows_and_summary(prompts_file, tmp_path, capsys, use_
         assert r["steps"] <= r["target_calls"] <= r["steps"] + 1  # specviz adds one prefill call
     timed = rows["method"].isin(["chain-k2", "ngram"])
     assert (rows.loc[timed, "draft_s"] > 0).all() and (rows.loc[timed, "verify_s"] > 0).all()
+    # the device's bandwidth on every row; plain decoding's bandwidth bound on the plain rows only
+    assert (rows["bandwidth_gb_s"] > 0).all() and rows["device_name"].astype(str).str.len().gt(0).all()
+    plain_rows = rows["method"].isin(bench.PLAIN_METHODS)
+    assert set(rows.loc[plain_rows, "method"]) == {"plain", "specviz-plain"}
+    assert (rows.loc[plain_rows, "bound_tokens_per_s"] > 0).all()
+    assert rows.loc[~plain_rows, "bound_tokens_per_s"].isna().all()
+    assert re.search(r"memory bandwidth \d+\.\d GB/s \(copy\) on .+: plain decoding's bound \d+\.\d tokens/s",
+                     printed)
     assert rows.loc[~timed, ["draft_s", "verify_s"]].isna().all().all()
     assisted = rows[rows["method"] == "hf-assisted"]
     assert (assisted["drafted"] > 0).all() and (assisted["target_calls"] < 8).all()
@@ -180,6 +188,20 @@ def test_resume_skips_done_rows_and_runs_new_ones(prompts_file, tmp_path, capsys
     assert not costs.exists()  # the costs went with the rows they priced (and a peers-only run times none)
     assert cli.main(_argv(prompts_file, tmp_path / "quick.csv", "--no-predict", methods=("plain", "ngram"))) == 0
     assert not (tmp_path / "quick.costs.csv").exists() and " predicted " not in capsys.readouterr().out
+
+
+def test_resuming_a_file_from_before_the_bandwidth_columns(prompts_file, tmp_path, use_tiny):
+    out = tmp_path / "old.csv"
+    argv = ("--no-predict", "--limit", "1")
+    assert cli.main(_argv(prompts_file, out, *argv, methods=("plain",))) == 0
+    pd.read_csv(out).drop(columns=["device_name", "bandwidth_gb_s", "bound_tokens_per_s"]).to_csv(out, index=False)
+    old = bench.load_results(out)
+    assert list(old.columns) == list(bench.COLUMNS) and old["bandwidth_gb_s"].isna().all()
+    assert cli.main(_argv(prompts_file, out, *argv, methods=("plain", "ngram"))) == 0
+    assert list(pd.read_csv(out, nrows=0).columns) == list(bench.COLUMNS)  # rewritten before the new rows
+    rows = bench.load_results(out)
+    assert len(rows) == 2 and rows.loc[rows["method"] == "plain", "bandwidth_gb_s"].isna().all()
+    assert (rows.loc[rows["method"] == "ngram", "bandwidth_gb_s"] > 0).all()
 
 
 def test_sampling_run(prompts_file, tmp_path, capsys, use_tiny):

@@ -77,101 +77,27 @@ def test_old_benchmark_files_read_as_cpu_rows():
     rows = load_results(REPO_ROOT / "outputs" / "reference" / "bench-greedy.csv")
     assert list(rows.columns) == list(COLUMNS)
     assert set(rows["device"]) == {"cpu"}
+    assert rows["bandwidth_gb_s"].isna().all() and rows["bound_tokens_per_s"].isna().all()  # not measured then
 
 
-def test_a_file_missing_other_columns_is_still_refused(tmp_path):
-    path = tmp_path / "x.csv"
-    pd.DataFrame({"method": ["plain"], "device": ["cpu"]}).to_csv(path, index=False)
-    with pytest.raises(ValueError, match="not a specviz benchmark CSV"):
-        load_results(path)
+def test_copy_bandwidth_and_device_name():
+    from specviz.data.machine import cpu_label
+
+    assert devmod.device_name("cpu") == devmod.device_name() == cpu_label()
+    assert devmod.copy_bandwidth("cpu", nbytes=1 << 22, repeats=3) > 0
+    for kwargs, message in (({"nbytes": 2}, "nbytes must be"), ({"repeats": 0}, "repeats must be")):
+        with pytest.raises(ValueError, match=message):
+            devmod.copy_bandwidth("cpu", **kwargs)
 
 
-# -- on a CUDA GPU ---------------------------------------------------------------------------------
+def test_decode_bytes_leave_out_the_embedding_table_unless_the_head_shares_it():
+    from specviz.bench.serving import decode_bytes, model_bytes
 
-STRATEGIES = ("chain-k3", "tree-2x2x2", "dynamic-w2-d3-b8", "ngram-n2-k4", "lookahead-w3-n3-g3", "adaptive-heuristic",
-              "self-spec-L1-k3", "jacobi-k3")
-
-
-@pytest.fixture(scope="module")
-def cuda_pair():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    return tiny_pair(device="cuda")
-
-
-@needs_cuda
-def test_cuda_pair_lives_on_the_gpu_and_returns_cpu_logits(cuda_pair):
-    assert cuda_pair.target.device.type == "cuda" and cuda_pair.draft.device.type == "cuda"
-    logits = forward_tokens(cuda_pair.target.model, new_cache(cuda_pair.target.model),
-                            torch.tensor([[1, 2, 3]]), torch.arange(3)[None], torch.ones(1, 3, 3, dtype=torch.bool).tril())
-    assert logits.device.type == "cpu"
-    cpu = tiny_pair()
-    ref = forward_tokens(cpu.target.model, new_cache(cpu.target.model), torch.tensor([[1, 2, 3]]),
-                         torch.arange(3)[None], None)
-    torch.testing.assert_close(logits, ref, atol=1e-4, rtol=1e-4)
-
-
-@needs_cuda
-@pytest.mark.parametrize("strategy", STRATEGIES)
-def test_cuda_greedy_identity(cuda_pair, strategy):
-    prompt = "def fizzbuzz(n):"
-    plain = plain_generate(cuda_pair.target, prompt, max_new_tokens=40, stop_at_eos=False)
-    drafter = build_drafter(strategy, cuda_pair)
-    spec = speculative_generate(cuda_pair.target, drafter, prompt, max_new_tokens=40, stop_at_eos=False)
-    assert spec.output_ids == plain.output_ids
-
-
-@needs_cuda
-def test_cuda_batch_and_sampling(cuda_pair):
-    prompts = ["def add(a, b):", "What is 17 * 23?", "Translate: the cat sleeps."]
-    drafter = build_drafter("chain-k3", cuda_pair)
-    plain = [plain_generate(cuda_pair.target, p, max_new_tokens=24, stop_at_eos=False).output_ids for p in prompts]
-    batch = speculative_generate_batch(cuda_pair.target, drafter, prompts, max_new_tokens=24, stop_at_eos=False)
-    assert [r.output_ids for r in batch] == plain
-    sampled = speculative_generate(cuda_pair.target, drafter, prompts[0], max_new_tokens=24, stop_at_eos=False,
-                                   config=SamplingConfig(temperature=0.8), verifier="specinfer", seed=3)
-    again = speculative_generate(cuda_pair.target, drafter, prompts[0], max_new_tokens=24, stop_at_eos=False,
-                                 config=SamplingConfig(temperature=0.8), verifier="specinfer", seed=3)
-    assert len(sampled.output_ids) == 24 and sampled.output_ids == again.output_ids
-
-
-@needs_cuda
-def test_cuda_benchmark_records_the_device(tmp_path):
-    out = tmp_path / "cuda.csv"
-    assert bench_main(["--models", "tiny", "--device", "cuda", "--dtype", "fp32", "--limit", "2",
-                       "--max-new-tokens", "12", "--warmup-tokens", "4", "--out", str(out),
-                       "--methods", "plain", "hf-assisted", "chain-k2", "ngram-n2-k3"]) == 0
-    rows = load_results(out)
-    assert set(rows["device"]) == {"cuda"}
-    assert rows.loc[rows["method"] != "plain", "matches_plain"].notna().all()
-
-
-def test_heads_train_and_draft_exactly_on_the_cpu(tiny_pair, tmp_path, monkeypatch):
-    heads_train_and_draft_exactly(tiny_pair, tmp_path, monkeypatch)
-
-
-def heads_train_and_draft_exactly(pair, cache_dir, monkeypatch):
-    """Medusa heads and an EAGLE head trained on ``pair``'s device (features, training,
-    drafting), each drafting greedy output equal to plain decoding's."""
-    monkeypatch.setenv("SPECVIZ_CACHE", str(cache_dir))
-    seqs, lens = [], []
-    for prompt in ("def add(a, b):", "List three colours.", "What is 17 * 23?"):
-        out = plain_generate(pair.target, prompt, max_new_tokens=24, stop_at_eos=False, chat=False)
-        seqs.append(list(out.prompt_ids) + list(out.output_ids))
-        lens.append(len(out.prompt_ids))
-    corpus = Corpus.from_sequences(seqs, lens)
-    prompt = "def fizzbuzz(n):"
-    plain = plain_generate(pair.target, prompt, max_new_tokens=32, stop_at_eos=False)
-    for kind in ("medusa", "eagle"):
-        result = train_heads(kind, pair.target, corpus, steps=15, config=HeadConfig(window=24, batch_size=4),
-                             progress=False)
-        drafter = head_drafter(pair, result.path, topk=2, depth=3, budget=6)
-        assert next(drafter.heads.parameters()).device == pair.target.device
-        spec = speculative_generate(pair.target, drafter, prompt, max_new_tokens=32, stop_at_eos=False)
-        assert spec.output_ids == plain.output_ids, kind
-        assert 0 < spec.n_steps <= len(plain.output_ids)
-
-
-@needs_cuda
-def test_cuda_heads_train_and_draft_exactly(cuda_pair, tmp_path, monkeypatch):
-    heads_train_and_draft_exactly(cuda_pair, tmp_path, monkeypatch)
+    untied, tied = tiny_model(seed=0), tiny_model(seed=0)
+    untied_head = untied.model.get_output_embeddings()
+    untied_head.weight = torch.nn.Parameter(untied_head.weight.detach().clone())
+    embedding = tied.model.get_input_embeddings().weight
+    tied.model.get_output_embeddings().weight = embedding
+    table = embedding.numel() * embedding.element_size()
+    assert model_bytes(untied) == model_bytes(tied) + table
+    assert decode_bytes(untied) == decode_bytes(tied) == model_bytes(tied)  # the head's bytes, once

@@ -66,6 +66,7 @@ from specviz.bench.cost_passes import (
 from specviz.bench.e2e import (
     COLUMNS,
     LLAMA_METHODS,
+    PLAIN_METHODS,
     BenchSummary,
     Generation,
     load_results,
@@ -161,6 +162,12 @@ def _existing_rows(out: Path, fresh: bool) -> pd.DataFrame:
         print(f"resuming {out}: its rows of {old!r} read as {new!r} (the name's current spelling)")
     if list(df.columns) != list(COLUMNS):
         raise UsageError(f"{out} has columns of another version of the benchmark; pass --fresh or another --out")
+    with open(out) as fh:
+        header = fh.readline().strip().split(",")
+    if header != list(COLUMNS):  # an older file's columns, filled in as load_results reads them
+        from specviz.data.store import atomic_write_text
+
+        atomic_write_text(out, df.to_csv(index=False))
     from specviz.quant.weights import parse_weight_mode
 
     # Older files name float modes by their torch dtype ("bfloat16"): one name per mode.
@@ -197,7 +204,7 @@ def _check_resumable(existing: pd.DataFrame, expected: dict, out: Path, verifier
             raise UsageError(f"{out} holds rows with {col}={sorted(map(str, have))}, this run has {col}={want}; "
                               "pass --fresh or another --out")
     for method, want in verifiers.items():
-        have = set(existing.loc[existing["method"] == method, "verifier"].fillna("").astype(str))
+        have = set(existing.loc[existing["method"] == method, "verifier"].astype(object).fillna("").astype(str))
         if have and have != {want}:
             raise UsageError(f"{out} holds {method} rows verified with {sorted(have)}, this run uses "
                               f"{want!r}; pass --fresh or another --out")
@@ -239,6 +246,7 @@ def _row(spec: MethodSpec, gen: Generation, prompt, repeat: int, position: int, 
         "prefix_match": _prefix_match(gen.output_ids, plain_ids) if compare else None,
         "stop": gen.stop, "draft_s": gen.draft_s, "verify_s": gen.verify_s, "drafter": gen.drafter,
         "verifier": gen.verifier, **run,
+        "bound_tokens_per_s": run.get("bound_tokens_per_s", math.nan) if spec.name in PLAIN_METHODS else math.nan,
         "load1": load1, "output_ids": _ids_text(gen.output_ids),
     }
 
@@ -348,6 +356,7 @@ def _measure(args, specs: list[MethodSpec], prompts, rounds, existing: pd.DataFr
     transformers.logging.set_verbosity_error()
     try:
         pair = _checked_pair(args, specs)
+        run = {**run, **_bandwidth_bound(pair)}
         try:
             drafters = {s.name: build_drafter(s, pair) for s in specs if s.is_strategy}
         except (ValueError, TypeError) as exc:
@@ -366,6 +375,20 @@ def _measure(args, specs: list[MethodSpec], prompts, rounds, existing: pd.DataFr
                                predict, count, total)
     finally:
         transformers.logging.set_verbosity(verbosity)
+
+
+def _bandwidth_bound(pair) -> dict:
+    """The device's name and copy bandwidth, and plain decoding's bandwidth-bound tokens
+    per second (the bandwidth over the weight bytes a step of the target reads), printed."""
+    from specviz.bench.serving import decode_bytes
+    from specviz.models.device import copy_bandwidth, device_name
+
+    name, bandwidth, nbytes = device_name(pair.target.device), copy_bandwidth(pair.target.device), \
+        decode_bytes(pair.target)
+    bound = bandwidth * 1e9 / nbytes
+    print(f"memory bandwidth {bandwidth:.1f} GB/s (copy) on {name}; a decoding step of the target reads "
+          f"{nbytes / 1e9:.2f} GB of weights: plain decoding's bound {bound:.1f} tokens/s")
+    return {"device_name": name, "bandwidth_gb_s": bandwidth, "bound_tokens_per_s": bound}
 
 
 def _checked_pair(args: argparse.Namespace, specs: list[MethodSpec]):

@@ -61,7 +61,14 @@ default unless ``--threads`` sets it, and recorded.
 * ``draft_s`` / ``verify_s`` - specviz's drafting and target-plus-verification time;
 * ``position`` - the method's place in its prompt's run order (0 = first); ``load1`` -
   the machine's 1-minute load average when the call started (timings taken on a busy
-  machine show it here); ``output_ids`` - the generated ids, space-separated.
+  machine show it here); ``output_ids`` - the generated ids, space-separated;
+* ``device_name`` - the CPU or GPU the models ran on; ``bandwidth_gb_s`` - its memory
+  bandwidth, measured once per run with a copy kernel
+  (:func:`~specviz.models.device.copy_bandwidth`); ``bound_tokens_per_s`` (on the rows of
+  :data:`PLAIN_METHODS`) - plain decoding's bandwidth-bound limit, the bandwidth over the
+  weight bytes a decoding step reads (:func:`~specviz.bench.serving.decode_bytes`): how far
+  ``tokens_per_s`` is from it says how much of a step is the weights' reading and how much
+  is everything else (kernel launches, Python, compute).
 
 Dimension legend: P = prompt tokens.
 """
@@ -88,6 +95,7 @@ __all__ = [
     "DEFAULT_METHODS",
     "METHOD_GRAMMAR",
     "COLUMNS",
+    "PLAIN_METHODS",
     "Generation",
     "BenchSummary",
     "parse_method",
@@ -140,8 +148,11 @@ COLUMNS: tuple[str, ...] = (
     "tokens_per_s", "speedup", "target_calls", "steps", "tau", "drafted", "accepted", "acceptance_rate",
     "matches_plain", "prefix_match", "stop", "draft_s", "verify_s", "drafter", "verifier", "temperature",
     "max_new_tokens", "seed", "dtype", "draft_dtype", "draft_layers", "device", "target", "draft", "threads", "load1",
-    "output_ids",
+    "device_name", "bandwidth_gb_s", "bound_tokens_per_s", "output_ids",
 )
+#: the methods that decode the target alone in the run's weight mode: their rows carry the
+#: bandwidth-bound limit of plain decoding (``bound_tokens_per_s``)
+PLAIN_METHODS: tuple[str, ...] = ("plain", "specviz-plain")
 
 
 def parse_method(name: str) -> MethodSpec:
@@ -390,7 +401,8 @@ def load_results(path: str | os.PathLike) -> pd.DataFrame:
     each old name read to its current name. Files written before the ``device`` column
     existed were measured on the CPU and read with ``device`` "cpu"; before
     ``draft_dtype``, both models ran in ``dtype``; before ``draft_layers``, the draft ran
-    its modules' forward ("modules").
+    its modules' forward ("modules"); files without the device's name and bandwidth read
+    them as unknown ("" and NaN).
     """
     path = Path(path)
     if not path.is_file():
@@ -403,6 +415,11 @@ def load_results(path: str | os.PathLike) -> pd.DataFrame:
     if "draft_layers" in missing and "draft_dtype" in df.columns:
         df.insert(list(df.columns).index("draft_dtype") + 1, "draft_layers", "modules")
         missing.remove("draft_layers")
+    for col in ("device_name", "bandwidth_gb_s", "bound_tokens_per_s"):
+        if col in missing and "load1" in df.columns:
+            df.insert(list(df.columns).index("output_ids") if "output_ids" in df.columns else len(df.columns), col,
+                      "" if col == "device_name" else math.nan)
+            missing.remove(col)
     if missing == ["device"]:
         df.insert(COLUMNS.index("device"), "device", "cpu")
         missing = []

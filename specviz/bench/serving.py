@@ -19,7 +19,8 @@ crossover.
 * :func:`chain_budget` - the chain length per row that a batch size's cost curve pays for;
 * :func:`crossover_batch`, :func:`crossover_interval` - the batch size where a strategy's
   speedup falls to 1, and its bootstrap interval over repeated timings;
-* :func:`model_bytes`, :func:`drafter_bytes`, :func:`kv_bytes_per_token` - memory.
+* :func:`model_bytes`, :func:`drafter_bytes`, :func:`kv_bytes_per_token` - memory;
+  :func:`decode_bytes` - the weight bytes one decoding step reads.
 
 Dimension legend: B = rows in the batch, n = new tokens fed per row, N = tree nodes incl. root.
 """
@@ -58,6 +59,7 @@ __all__ = [
     "crossover_batch",
     "crossover_interval",
     "model_bytes",
+    "decode_bytes",
     "drafter_bytes",
     "kv_bytes_per_token",
 ]
@@ -459,6 +461,23 @@ def model_bytes(model: torch.nn.Module | LoadedModel) -> int:
     memory (:class:`PeakMemory`) sees it."""
     seen: dict[int, int] = {}
     _tensor_storages(model.model if isinstance(model, LoadedModel) else model, seen)
+    return sum(seen.values())
+
+
+def decode_bytes(model: torch.nn.Module | LoadedModel) -> int:
+    """Bytes of weights one decoding step reads: :func:`model_bytes` less the input
+    embedding table, of which a step reads one row (it counts where the LM head shares its
+    storage). A memory bandwidth over these bytes bounds plain decoding's tokens per second
+    (:func:`~specviz.models.device.copy_bandwidth`)."""
+    module = model.model if isinstance(model, LoadedModel) else model
+    seen: dict[int, int] = {}
+    _tensor_storages(module, seen)
+    head: dict[int, int] = {}
+    _tensor_storages(module.get_output_embeddings(), head)
+    for t in module.get_input_embeddings().parameters():
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in head:
+            seen.pop(ptr, None)
     return sum(seen.values())
 
 

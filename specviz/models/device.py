@@ -9,13 +9,26 @@ calls that do not return logits call :func:`synchronize`.
 
 Device names: ``"auto"`` (the first of CUDA, MPS, CPU that is present and can run the
 weight mode), ``"cpu"``, ``"cuda"`` (or ``"cuda:N"``) and ``"mps"``.
+
+Plain decoding of one stream reads every weight once per token, so a device's memory
+bandwidth bounds it: at most ``bandwidth / weight bytes`` tokens per second.
+:func:`copy_bandwidth` measures that bandwidth on the device the way STREAM's copy does and
+:func:`device_name` says which processor or GPU it is; the benchmark records both beside
+its plain rows.
 """
 
 from __future__ import annotations
 
+import statistics
+import time
+
 import torch
 
-__all__ = ["DEVICE_CHOICES", "available_devices", "resolve_device", "model_device", "synchronize", "to_device"]
+from specviz.data.machine import cpu_label
+from specviz.validate import check_int
+
+__all__ = ["DEVICE_CHOICES", "available_devices", "resolve_device", "model_device", "synchronize", "to_device",
+           "device_name", "copy_bandwidth"]
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "mps")
 
@@ -92,3 +105,41 @@ def to_device(tensor: torch.Tensor | None, device: torch.device) -> torch.Tensor
     if tensor is None or tensor.device == device:
         return tensor
     return tensor.to(device, non_blocking=False)
+
+
+def device_name(device: "torch.device | str | None" = None) -> str:
+    """The processor behind ``device``: the GPU's name on CUDA, the CPU's model and core
+    count on the CPU (:func:`~specviz.data.machine.cpu_label`)."""
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    if dev.type == "mps":
+        return "Apple GPU (MPS)"
+    return cpu_label()
+
+
+@torch.no_grad()
+def copy_bandwidth(device: "torch.device | str | None" = None, nbytes: int = 1 << 28, repeats: int = 5) -> float:
+    """``device``'s memory bandwidth in GB/s, measured as STREAM's copy measures it: a
+    float32 tensor of ``nbytes`` copied into another of the same size, its read and its
+    written bytes counted (``2 * nbytes / seconds``); the median of ``repeats``
+    synchronised copies after one warm-up copy. Make ``nbytes`` far larger than the
+    processor's caches (the default, 256 MiB, is), or it measures the caches.
+
+    Raises:
+        ValueError: ``nbytes`` under 4 or ``repeats`` under 1.
+    """
+    check_int("nbytes", nbytes, 4)
+    check_int("repeats", repeats, 1)
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    src = torch.ones(nbytes // 4, dtype=torch.float32, device=dev)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # warm-up: pages touched, kernels loaded
+    synchronize(dev)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        dst.copy_(src)
+        synchronize(dev)
+        times.append(time.perf_counter() - start)
+    return 2 * src.numel() * 4 / statistics.median(times) / 1e9
