@@ -58,7 +58,7 @@ from specviz.quant.passes import prompt_positions
 from specviz.quant.weights import W8A8TokenLinear
 
 __all__ = ["machine_label", "LinearCase", "linear_cases", "linear_variants", "time_rounds", "measure_linears",
-           "measure_model", "verdict", "main", "REFERENCE", "Builder", "Unavailable", "Variant"]
+           "measure_model", "verdict", "verdict_path", "main", "REFERENCE", "Builder", "Unavailable", "Variant"]
 
 #: a decoder layer's products as ``w8a8-token`` computes them: name -> the fp32 model's
 #: member layers (concatenated along the output), under ``model.model.layers[i]``
@@ -431,21 +431,46 @@ def add_ratios(table: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
+def _accuracy(row: pd.Series) -> float:
+    """A row's error against fp32: the relative error of a product (``scope=linear``), or
+    one minus the top-1 agreement of a whole model (``forward``, ``decode``)."""
+    if pd.notna(row.get("rel_err", float("nan"))):
+        return float(row["rel_err"])
+    return 1.0 - float(row["top1_agreement"]) if pd.notna(row.get("top1_agreement", float("nan"))) else float("nan")
+
+
 def verdict(table: pd.DataFrame, margin: float = 0.10) -> pd.DataFrame:
     """Per scope, shape and M where the reference and a library path ran: the best library
     path, how much faster the reference is (``best_library / reference - 1``) and whether
-    that is more than ``margin`` (the rule for keeping the hand-written kernel)."""
+    that is more than ``margin`` (the rule for keeping the hand-written kernel), with each
+    side's error against fp32 (relative error of a product; one minus the top-1 agreement
+    of a whole model) and the fastest library path whose error is at most the reference's
+    twice (``as_accurate``: per-tensor activation scales can be faster and several times
+    less accurate). Rows whose metadata columns (``machine``, ``cpu_flags``) the table has
+    carry them."""
     ok, rows = table[table.status == "ok"], []
+    meta = {c: table[c].iloc[0] for c in ("machine", "cpu_flags") if c in table.columns and len(table)}
     for (scope, shape, m), group in ok.groupby(["scope", "shape", "M"], sort=False):
         ref, lib = group[group.variant == REFERENCE], group[group.family == "library"]
         if ref.empty or lib.empty:
             continue
-        best = lib.loc[lib.median_ms.idxmin()]
-        faster = best.median_ms / ref.median_ms.iloc[0] - 1
-        rows.append(dict(scope=scope, shape=shape, M=m, reference_ms=ref.median_ms.iloc[0],
-                         best_library=best.variant, best_library_ms=best.median_ms,
-                         specviz_faster_by=faster, keep=faster > margin))
+        ref, best = ref.iloc[0], lib.loc[lib.median_ms.idxmin()]
+        faster = best.median_ms / ref.median_ms - 1
+        close = lib[[_accuracy(r) <= 2 * _accuracy(ref) for _, r in lib.iterrows()]]
+        accurate = close.loc[close.median_ms.idxmin()] if len(close) else None
+        rows.append(dict(scope=scope, shape=shape, M=m, reference_ms=ref.median_ms, reference_error=_accuracy(ref),
+                         best_library=best.variant, best_library_ms=best.median_ms, best_library_error=_accuracy(best),
+                         specviz_faster_by=faster, keep=faster > margin,
+                         as_accurate=None if accurate is None else accurate.variant,
+                         specviz_faster_than_as_accurate_by=(float("nan") if accurate is None
+                                                             else accurate.median_ms / ref.median_ms - 1), **meta))
     return pd.DataFrame(rows)
+
+
+def verdict_path(out: str | os.PathLike) -> str:
+    """Where a run written to ``out`` keeps its :func:`verdict`: ``<out stem>.verdict.csv``."""
+    root, _ = os.path.splitext(str(out))
+    return root + ".verdict.csv"
 
 
 def _side_by_side(table: pd.DataFrame, scopes: tuple[str, ...]) -> str:
@@ -470,6 +495,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds per measurement (default: %(default)s)")
     p.add_argument("--new-tokens", type=int, default=32, help="greedy tokens per prompt (default: %(default)s)")
     p.add_argument("--no-model", action="store_true", help="skip the whole-model forwards and decoding")
+    p.add_argument("--from", dest="source", metavar="CSV", default=None,
+                   help="time nothing: read an earlier run's CSV and write its verdict beside it")
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads for every variant (default: torch's own; 1 keeps a machine loaded by other "
                         "processes from stalling multi-threaded kernels at their barriers)")
@@ -497,8 +524,28 @@ def _finished(table: pd.DataFrame, label: dict, layer: int, out: str, argv: list
     return table
 
 
+def _report(written: pd.DataFrame, out: str) -> pd.DataFrame:
+    """Print the side-by-side table and the verdict, and write the verdict beside ``out``."""
+    print(_side_by_side(written, ("linear-sum", "forward", "decode")))
+    decided = verdict(written)
+    decided.to_csv(verdict_path(out), index=False)
+    with pd.option_context("display.width", 300, "display.max_columns", 20):
+        print(decided.to_string(index=False))
+    print(f"wrote {len(decided)} verdict rows to {verdict_path(out)}")
+    return decided
+
+
 def main(argv: list[str] | None = None) -> pd.DataFrame:
     args = _parser().parse_args(argv)
+    if args.source:
+        try:
+            written = pd.read_csv(args.source)
+        except (OSError, pd.errors.ParserError) as exc:
+            raise SystemExit(f"--from {args.source}: {exc}") from None
+        if missing := {"scope", "shape", "variant", "family", "M", "status", "median_ms"} - set(written.columns):
+            raise SystemExit(f"--from {args.source}: not an int8-paths CSV (missing columns {sorted(missing)})")
+        _report(written if "ratio_vs_specviz" in written.columns else add_ratios(written), args.source)
+        return written
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -521,9 +568,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         table = pd.concat([table, measure_model(variants, fp32.tokenizer, (1, 4), args.rounds, args.new_tokens, log)],
                           ignore_index=True)
         written = _finished(table, label, layer, args.out, argv)
-    print(_side_by_side(written, ("linear-sum", "forward", "decode")))
-    with pd.option_context("display.width", 300, "display.max_columns", 20):
-        print(verdict(written).to_string(index=False))
+    _report(written, args.out)
     print(f"wrote {len(written)} rows to {args.out}")
     return written
 
