@@ -51,6 +51,16 @@ def tiny_pair_fixture() -> ModelPair:
 
 
 @pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """An empty specviz cache for the whole module (SPECVIZ_CACHE points at it)."""
+    root = tmp_path_factory.mktemp("cache")
+    patch = pytest.MonkeyPatch()
+    patch.setenv("SPECVIZ_CACHE", str(root))
+    yield root
+    patch.undo()
+
+
+@pytest.fixture(scope="module")
 def real_pair_fp32() -> ModelPair:
     """The built-in Qwen2.5-Coder 1.5B (target) / 0.5B (draft) pair in fp32 (about 8 GB), for
     one test module at a time: the notebooks' kernels that nbval starts later need the memory.

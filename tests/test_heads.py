@@ -97,16 +97,6 @@ def one_thread():
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    """An empty specviz cache for the whole module (SPECVIZ_CACHE points at it)."""
-    root = tmp_path_factory.mktemp("cache")
-    patch = pytest.MonkeyPatch()
-    patch.setenv("SPECVIZ_CACHE", str(root))
-    yield root
-    patch.undo()
-
-
-@pytest.fixture(scope="module")
 def corpus(tiny_pair) -> Corpus:
     """The target's greedy continuations of a few prompts (plain text: the tiny target's
     continuations of chat-wrapped prompts hardly depend on the prompt)."""

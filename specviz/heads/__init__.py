@@ -14,6 +14,9 @@ vocabulary counted the same way.
   :func:`training_precision`;
 * :mod:`~specviz.heads.losses` - the batches and the Medusa and EAGLE losses a training
   step computes;
+* :mod:`~specviz.heads.distill` - :func:`distill_draft`, a draft model fine-tuned towards
+  its target's distributions (LoRA, a choice of divergence, held-out agreement), saved
+  as a model directory that goes wherever a draft goes;
 * :mod:`~specviz.heads.vocab` - :func:`~specviz.heads.vocab.build_draft_vocabulary`, the
   ranking behind the ``-v<N>`` strategies (also ``python -m specviz.heads.vocab``, so its
   names are imported from the module itself).
@@ -25,12 +28,14 @@ results on disk (:mod:`specviz.models.saved_heads`) and the drafters
 strategies); this package re-exports their public names.
 
 Command line: ``python -m specviz.heads train --kind medusa|eagle --target NAME
---minutes N`` trains into the cache; ``python -m specviz.heads info DIR`` describes a
+--minutes N`` trains into the cache; ``python -m specviz.heads distill --target NAME --draft
+NAME`` distils a draft; ``python -m specviz.heads info DIR`` describes a
 result; ``python -m specviz.heads.vocab`` counts a draft vocabulary.
 """
 
 from specviz.draft.heads import *  # noqa: F401,F403
 from specviz.heads.corpus import *  # noqa: F401,F403
+from specviz.heads.distill import *  # noqa: F401,F403
 from specviz.heads.training import *  # noqa: F401,F403
 from specviz.models.features import *  # noqa: F401,F403
 from specviz.models.heads import *  # noqa: F401,F403

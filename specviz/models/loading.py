@@ -14,6 +14,7 @@ Tiny random models for tests are in :mod:`specviz.models.tiny`.
 from __future__ import annotations
 
 import copy
+import json
 import os
 import weakref
 from pathlib import Path
@@ -29,7 +30,11 @@ from specviz.models.types import LoadedModel, ModelPair, TokenizerMismatchError
 from specviz.quant.weights import CACHEABLE_MODES, WEIGHT_MODES, WeightMode, parse_weight_mode
 from specviz.validate import check_choice
 
-__all__ = ["load_model", "load_pair", "check_same_tokenizer", "with_draft_layers"]
+__all__ = ["load_model", "load_pair", "check_same_tokenizer", "with_draft_layers", "DISTILLED_META"]
+
+#: the file a distilled draft's directory holds (:func:`specviz.heads.distill.distill_draft`),
+#: naming the target it was distilled towards
+DISTILLED_META = "specviz_distill.json"
 
 
 def load_model(name_or_path: "str | os.PathLike | LoadedModel", dtype: WeightMode | torch.dtype | str = "fp32",
@@ -189,6 +194,7 @@ def load_pair(target: "str | LoadedModel" = DEFAULT_TARGET, draft: "str | Loaded
     check_choice("draft_layers", draft_layers, DRAFT_LAYERS)
     if draft_dtype is None:
         draft_dtype = dtype
+    _check_distilled_for(target, draft)
     t = load_model(target, dtype, cache, device)
     d = load_model(draft, draft_dtype, cache, t.device)
     check_same_tokenizer(t.tokenizer, d.tokenizer)
@@ -197,6 +203,18 @@ def load_pair(target: "str | LoadedModel" = DEFAULT_TARGET, draft: "str | Loaded
             f"target and draft output layers differ in size: target vocab_size {t.vocab_size}, "
             f"draft vocab_size {d.vocab_size}")
     return with_draft_layers(ModelPair(target=t, draft=d), draft_layers)
+
+
+def _check_distilled_for(target: "str | LoadedModel", draft: "str | LoadedModel") -> None:
+    """Refuse a distilled draft's directory beside a target other than the one it was
+    distilled towards (its :data:`DISTILLED_META` names it)."""
+    if isinstance(draft, LoadedModel) or not (Path(str(draft)).expanduser() / DISTILLED_META).is_file():
+        return
+    meant = json.loads((Path(str(draft)).expanduser() / DISTILLED_META).read_text()).get("target")
+    name = target.name if isinstance(target, LoadedModel) else str(target)
+    if meant is not None and name.lower() != str(meant).lower():
+        raise ValueError(f"the draft in {draft} was distilled towards {meant!r}, not {name!r}; distil one for "
+                         f"this target (python -m specviz.heads distill --target {name} ...)")
 
 
 def with_draft_layers(pair: ModelPair, layers: str) -> ModelPair:
