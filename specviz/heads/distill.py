@@ -16,7 +16,7 @@ fine-tunes a draft model on its target's own distributions:
 * loss: a divergence between the target's and the draft's distributions
   (:data:`DIVERGENCES`: forward KL, reverse KL, Jensen-Shannon or total variation),
   averaged over continuation positions;
-* held-out measure (:func:`agreement`): on a held-out share of the sequences, the share of
+* held-out measure: on a held-out share of the sequences, the share of
   positions where the draft's top token is the target's (how often a greedy chain's token
   is accepted) and the mean ``1 - TVD`` (the acceptance probability of a sampled draft
   token), before training and at every evaluation; the adapters of the best evaluation
@@ -59,7 +59,7 @@ from specviz.models.loading import DISTILLED_META
 from specviz.models.types import LoadedModel
 from specviz.validate import check_choice, check_int
 
-__all__ = ["DIVERGENCES", "LORA_TARGETS", "DistillConfig", "DistillResult", "divergence", "agreement",
+__all__ = ["DIVERGENCES", "LORA_TARGETS", "DistillConfig", "DistillResult", "divergence",
            "draft_written", "distill_draft"]
 
 #: the losses :func:`divergence` computes, teacher ``p`` (the target) and student ``q``
@@ -80,7 +80,7 @@ class DistillConfig:
         batch_size: sequences per optimizer step.
         max_tokens: the longest sequence trained on (prompt and continuation); longer ones
             are cut at the end.
-        validation: share of the sequences held out for :func:`agreement` (0: none; the
+        validation: share of the sequences held out to measure agreement (0: none; the
             last adapters are kept).
         eval_every: optimizer steps between held-out evaluations.
         seed: the adapters' initialisation, the split and the order of the batches.
@@ -114,7 +114,7 @@ class DistillConfig:
 @dataclass(frozen=True)
 class DistillResult:
     """A finished distillation: the model directory, its training and its held-out
-    :func:`agreement` before training and with the adapters kept (None without validation)."""
+    agreement (top-1 and 1-TVD) before training and with the adapters kept (None without validation)."""
 
     path: Path
     step: int
@@ -159,9 +159,10 @@ def _examples(corpus: Corpus, feats: Sequence[torch.Tensor], max_tokens: int) ->
     return out
 
 
-def _logits(student, head, batch: Sequence[_Example], grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _logits(student, teacher, batch: Sequence[_Example], grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The draft's and the target's logits ``(n, V)`` at every trained position of ``batch``
-    (one right-padded forward of the draft; the target's LM head over its features)."""
+    (one right-padded forward of the draft; ``teacher``, the target's LM head, over its
+    features)."""
     width = max(len(e.ids) for e in batch)
     ids = torch.zeros(len(batch), width, dtype=torch.long)
     mask = torch.zeros(len(batch), width, dtype=torch.long)
@@ -173,18 +174,17 @@ def _logits(student, head, batch: Sequence[_Example], grad: bool) -> tuple[torch
         kept = torch.cat([hidden[b, e.start:len(e.ids) - 1] for b, e in enumerate(batch)])  # (n, H)
         drafted = base.lm_head(kept)  # (n, V)
     with torch.no_grad():
-        feats = torch.cat([e.feats[e.start:len(e.ids) - 1] for e in batch]).float()  # (n, H)
-        wanted = head(feats.to(next(head.parameters()).device)).float().cpu()  # (n, V)
+        wanted = teacher(torch.cat([e.feats[e.start:len(e.ids) - 1] for e in batch]).float())  # (n, V)
     return drafted, wanted
 
 
 @torch.no_grad()
-def agreement(student, head, examples: Sequence[_Example], batch_size: int = 2) -> dict:
+def _agreement(student, teacher, examples: Sequence[_Example], batch_size: int = 2) -> dict:
     """``{"top1", "accept", "positions"}`` on ``examples``: the share of positions where the
     draft's top token is the target's, and the mean ``1 - TVD`` between their distributions."""
     same = accept = positions = 0
     for i in range(0, len(examples), batch_size):
-        drafted, wanted = _logits(student, head, examples[i:i + batch_size], grad=False)
+        drafted, wanted = _logits(student, teacher, examples[i:i + batch_size], grad=False)
         same += int((drafted.argmax(-1) == wanted.argmax(-1)).sum())
         accept += float((1 - divergence(wanted, drafted, "tvd")) * len(wanted))
         positions += len(wanted)
@@ -306,6 +306,10 @@ def distill_draft(target: LoadedModel, draft: LoadedModel, corpus: Corpus, *, on
                                  LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=0.0,
                                             target_modules=list(LORA_TARGETS)))
     head = target.model.get_output_embeddings()
+
+    def teacher(feats: torch.Tensor) -> torch.Tensor:  # (n, H) -> (n, V) on the CPU, in float32
+        return head(feats.to(target.device)).float().cpu()
+
     optimizer = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=config.lr)
     order = torch.Generator().manual_seed(config.seed)
     state = {"step": 0, "elapsed_s": 0.0, "loss": math.nan, "history": [], "best": None, "before": None}
@@ -317,7 +321,7 @@ def distill_draft(target: LoadedModel, draft: LoadedModel, corpus: Corpus, *, on
         order.set_state(saved["order"])
         state = saved["state"]
     elif held:  # the untrained adapters (their second factor is zero) stand for the draft itself
-        state["before"] = agreement(student, head, held, config.batch_size)
+        state["before"] = _agreement(student, teacher, held, config.batch_size)
         state["best"] = (state["before"]["top1"], 0, copy.deepcopy(get_peft_model_state_dict(student)))
     meta = {"key": key, "target": target.name, "draft": draft.name, "data": data.summary(), "on_policy": on_policy,
             "config": asdict(config)}
@@ -329,7 +333,7 @@ def distill_draft(target: LoadedModel, draft: LoadedModel, corpus: Corpus, *, on
                                                  "finished": False}, indent=1) + "\n")
 
     def evaluate() -> None:
-        found = agreement(student, head, held, config.batch_size)
+        found = _agreement(student, teacher, held, config.batch_size)
         state["history"].append({"step": state["step"], **found})
         if state["best"] is None or found["top1"] > state["best"][0]:
             state["best"] = (found["top1"], state["step"], copy.deepcopy(get_peft_model_state_dict(student)))
@@ -342,7 +346,7 @@ def distill_draft(target: LoadedModel, draft: LoadedModel, corpus: Corpus, *, on
             while (steps is None or state["step"] < steps) and \
                     (minutes is None or time.monotonic() - start < minutes * 60):
                 picks = torch.randint(len(train), (config.batch_size,), generator=order).tolist()
-                drafted, wanted = _logits(student, head, [train[i] for i in picks], grad=True)
+                drafted, wanted = _logits(student, teacher, [train[i] for i in picks], grad=True)
                 loss = divergence(wanted, drafted, config.divergence)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
