@@ -225,10 +225,103 @@ def _split(examples: list[_Example], share: float, seed: int) -> tuple[list[_Exa
     return [examples[i] for i in order[held:]], [examples[i] for i in order[:held]]
 
 
-def _save(out: Path, payload: dict) -> None:
-    buf = io.BytesIO()
-    torch.save(payload, buf)
-    atomic_write_bytes(out / "checkpoint.pt", buf.getvalue())
+class _Run:
+    """One distillation's student, optimizer, sampler and progress, resumed from ``out``'s
+    checkpoint where it has one; :meth:`train` runs the steps, :meth:`finish` writes the model."""
+
+    def __init__(self, target: LoadedModel, draft: LoadedModel, config: DistillConfig, out: Path, meta: dict,
+                 held: list[_Example]) -> None:
+        from peft import LoraConfig, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+
+        self.config, self.out, self.meta, self.held, self.draft = config, out, meta, held, draft
+        self._adapters, self._set_adapters = get_peft_model_state_dict, set_peft_model_state_dict
+        torch.manual_seed(config.seed)
+        with warnings.catch_warnings():  # peft asks transformers a question transformers has renamed
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            self.student = get_peft_model(copy.deepcopy(draft.model).float().cpu().train(),
+                                          LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha,
+                                                     lora_dropout=0.0, target_modules=list(LORA_TARGETS)))
+        head = target.model.get_output_embeddings()
+        self.teacher = lambda feats: head(feats.to(target.device)).float().cpu()  # (n, H) -> (n, V)
+        self.optimizer = torch.optim.AdamW([p for p in self.student.parameters() if p.requires_grad], lr=config.lr)
+        self.order = torch.Generator().manual_seed(config.seed)
+        self.state = {"step": 0, "elapsed_s": 0.0, "loss": math.nan, "history": [], "best": None, "before": None}
+        ckpt = out / "checkpoint.pt"
+        if ckpt.exists():
+            saved = torch.load(ckpt, map_location="cpu", weights_only=False)
+            self._set_adapters(self.student, saved["adapters"])
+            self.optimizer.load_state_dict(saved["optimizer"])
+            self.order.set_state(saved["order"])
+            self.state = saved["state"]
+        elif held:  # the untrained adapters (their second factor is zero) stand for the draft itself
+            self.state["before"] = _agreement(self.student, self.teacher, held, config.batch_size)
+            self.state["best"] = (self.state["before"]["top1"], 0, copy.deepcopy(self._adapters(self.student)))
+
+    def save(self) -> None:
+        """The checkpoint and the unfinished run's metadata, written atomically."""
+        buf = io.BytesIO()
+        torch.save({"adapters": self._adapters(self.student), "optimizer": self.optimizer.state_dict(),
+                    "order": self.order.get_state(), "state": self.state}, buf)
+        atomic_write_bytes(self.out / "checkpoint.pt", buf.getvalue())
+        atomic_write_text(self.out / DISTILLED_META, json.dumps(
+            {**self.meta, **{k: self.state[k] for k in ("step", "loss", "before")}, "finished": False}, indent=1) + "\n")
+
+    def evaluate(self) -> None:
+        found = _agreement(self.student, self.teacher, self.held, self.config.batch_size)
+        self.state["history"].append({"step": self.state["step"], **found})
+        if self.state["best"] is None or found["top1"] > self.state["best"][0]:
+            self.state["best"] = (found["top1"], self.state["step"], copy.deepcopy(self._adapters(self.student)))
+
+    def train(self, train: list[_Example], steps: int | None, minutes: float | None, progress: bool) -> None:
+        """Optimizer steps until the budget is spent; a checkpoint every ``checkpoint_minutes``
+        and on Ctrl-C (then the ``KeyboardInterrupt`` propagates)."""
+        from tqdm import tqdm
+
+        cfg, state = self.config, self.state
+        start, last_save = time.monotonic() - state["elapsed_s"], time.monotonic()
+        with tqdm(total=steps, initial=state["step"], desc=f"distilling {self.draft.name}", unit="step",
+                  file=sys.stderr, disable=not progress) as bar:
+            try:
+                while (steps is None or state["step"] < steps) and \
+                        (minutes is None or time.monotonic() - start < minutes * 60):
+                    picks = torch.randint(len(train), (cfg.batch_size,), generator=self.order).tolist()
+                    drafted, wanted = _logits(self.student, self.teacher, [train[i] for i in picks], grad=True)
+                    loss = divergence(wanted, drafted, cfg.divergence)
+                    self.optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    self.optimizer.step()
+                    state.update(step=state["step"] + 1, loss=float(loss.detach()),
+                                 elapsed_s=time.monotonic() - start)
+                    if self.held and state["step"] % cfg.eval_every == 0:
+                        self.evaluate()
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{state['loss']:.4f}", **({"held_out_top1": f"{state['history'][-1]['top1']:.3f}"}
+                                                                   if state["history"] else {}))
+                    if time.monotonic() - last_save >= cfg.checkpoint_minutes * 60:
+                        self.save()
+                        last_save = time.monotonic()
+            except KeyboardInterrupt:
+                self.save()
+                raise
+
+    def finish(self) -> DistillResult:
+        """The best adapters merged into the draft's weights, saved with its tokenizer and
+        the finished metadata; the checkpoint removed."""
+        state, held = self.state, self.held
+        if held and (not state["history"] or state["history"][-1]["step"] != state["step"]):
+            self.evaluate()
+        self.save()
+        if held:
+            self._set_adapters(self.student, state["best"][2])
+        after = next((h for h in state["history"] if h["step"] == state["best"][1]), state["before"]) if held else None
+        self.student.merge_and_unload().eval().save_pretrained(self.out)
+        self.draft.tokenizer.save_pretrained(self.out)
+        atomic_write_text(self.out / DISTILLED_META, json.dumps(
+            {**self.meta, "step": state["step"], "loss": state["loss"], "elapsed_s": round(state["elapsed_s"], 1),
+             "before": state["before"], "after": after, "kept_step": state["best"][1] if held else state["step"],
+             "history": state["history"], "finished": True}, indent=1) + "\n")
+        (self.out / "checkpoint.pt").unlink(missing_ok=True)  # the model directory is the result
+        return DistillResult(self.out, state["step"], state["loss"], state["before"], after)
 
 
 def distill_draft(target: LoadedModel, draft: LoadedModel, corpus: Corpus, *, on_policy: int = 0,
@@ -254,9 +347,6 @@ def distill_draft(target: LoadedModel, draft: LoadedModel, corpus: Corpus, *, on
         ValueError: neither ``steps`` nor ``minutes``, a draft not in fp32, tokenizers or
             vocabularies that differ, or an ``out_dir`` holding another run.
     """
-    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
-    from tqdm import tqdm
-
     from specviz.models.builtin import cache_dir
     from specviz.models.loading import check_same_tokenizer
 
@@ -272,8 +362,7 @@ def distill_draft(target: LoadedModel, draft: LoadedModel, corpus: Corpus, *, on
     check_same_tokenizer(target.tokenizer, draft.tokenizer)
     if draft.vocab_size != target.vocab_size:
         raise ValueError(f"target and draft vocabularies differ in size: {target.vocab_size} vs {draft.vocab_size}")
-    root = cache_dir() / "distill"
-    data = corpus
+    root, data = cache_dir() / "distill", corpus
     if on_policy:
         written = draft_written(draft, corpus, on_policy, on_policy_tokens,
                                 root / "on-policy" / f"{_slug(draft.name)}-{corpus.sha256[:16]}-{on_policy}"
@@ -286,9 +375,8 @@ def distill_draft(target: LoadedModel, draft: LoadedModel, corpus: Corpus, *, on
     out = Path(out_dir) if out_dir is not None else \
         root / f"{_slug(draft.name)}-for-{_slug(target.name)}-{config.divergence}-{digest}"
     out.mkdir(parents=True, exist_ok=True)
-    meta_path = out / DISTILLED_META
-    if meta_path.exists():
-        meta = json.loads(meta_path.read_text())
+    if (out / DISTILLED_META).exists():
+        meta = json.loads((out / DISTILLED_META).read_text())
         if meta.get("key") != key:
             raise ValueError(f"{out} holds a distillation of other settings or data; give another out_dir")
         if meta.get("finished"):
@@ -299,84 +387,8 @@ def distill_draft(target: LoadedModel, draft: LoadedModel, corpus: Corpus, *, on
                          config.validation, config.seed)
     if not train:
         raise ValueError("no sequence has a continuation to train on")
-    torch.manual_seed(config.seed)
-    with warnings.catch_warnings():  # peft asks transformers a question transformers has renamed
-        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-        student = get_peft_model(copy.deepcopy(draft.model).float().cpu().train(),
-                                 LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=0.0,
-                                            target_modules=list(LORA_TARGETS)))
-    head = target.model.get_output_embeddings()
-
-    def teacher(feats: torch.Tensor) -> torch.Tensor:  # (n, H) -> (n, V) on the CPU, in float32
-        return head(feats.to(target.device)).float().cpu()
-
-    optimizer = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=config.lr)
-    order = torch.Generator().manual_seed(config.seed)
-    state = {"step": 0, "elapsed_s": 0.0, "loss": math.nan, "history": [], "best": None, "before": None}
-    ckpt = out / "checkpoint.pt"
-    if ckpt.exists():
-        saved = torch.load(ckpt, map_location="cpu", weights_only=False)
-        set_peft_model_state_dict(student, saved["adapters"])
-        optimizer.load_state_dict(saved["optimizer"])
-        order.set_state(saved["order"])
-        state = saved["state"]
-    elif held:  # the untrained adapters (their second factor is zero) stand for the draft itself
-        state["before"] = _agreement(student, teacher, held, config.batch_size)
-        state["best"] = (state["before"]["top1"], 0, copy.deepcopy(get_peft_model_state_dict(student)))
-    meta = {"key": key, "target": target.name, "draft": draft.name, "data": data.summary(), "on_policy": on_policy,
-            "config": asdict(config)}
-
-    def save() -> None:
-        _save(out, {"adapters": get_peft_model_state_dict(student), "optimizer": optimizer.state_dict(),
-                    "order": order.get_state(), "state": state})
-        atomic_write_text(meta_path, json.dumps({**meta, **{k: state[k] for k in ("step", "loss", "before")},
-                                                 "finished": False}, indent=1) + "\n")
-
-    def evaluate() -> None:
-        found = _agreement(student, teacher, held, config.batch_size)
-        state["history"].append({"step": state["step"], **found})
-        if state["best"] is None or found["top1"] > state["best"][0]:
-            state["best"] = (found["top1"], state["step"], copy.deepcopy(get_peft_model_state_dict(student)))
-
-    start, last_save = time.monotonic() - state["elapsed_s"], time.monotonic()
-    total = steps if steps is not None else None
-    with tqdm(total=total, initial=state["step"], desc=f"distilling {draft.name}", unit="step", file=sys.stderr,
-              disable=not progress) as bar:
-        try:
-            while (steps is None or state["step"] < steps) and \
-                    (minutes is None or time.monotonic() - start < minutes * 60):
-                picks = torch.randint(len(train), (config.batch_size,), generator=order).tolist()
-                drafted, wanted = _logits(student, teacher, [train[i] for i in picks], grad=True)
-                loss = divergence(wanted, drafted, config.divergence)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                state["step"] += 1
-                state["loss"] = float(loss.detach())
-                state["elapsed_s"] = time.monotonic() - start
-                if held and state["step"] % config.eval_every == 0:
-                    evaluate()
-                bar.update(1)
-                bar.set_postfix(loss=f"{state['loss']:.4f}",
-                                **({"held_out_top1": f"{state['history'][-1]['top1']:.3f}"} if state["history"] else {}))
-                if time.monotonic() - last_save >= config.checkpoint_minutes * 60:
-                    save()
-                    last_save = time.monotonic()
-        except KeyboardInterrupt:
-            save()
-            raise
-    if held and (not state["history"] or state["history"][-1]["step"] != state["step"]):
-        evaluate()
-    save()
-    if held:
-        set_peft_model_state_dict(student, state["best"][2])
-    after = next((h for h in state["history"] if h["step"] == state["best"][1]), state["before"]) if held else None
-    merged = student.merge_and_unload().eval()
-    merged.save_pretrained(out)
-    draft.tokenizer.save_pretrained(out)
-    atomic_write_text(meta_path, json.dumps({**meta, "step": state["step"], "loss": state["loss"],
-                                             "elapsed_s": round(state["elapsed_s"], 1), "before": state["before"],
-                                             "after": after, "kept_step": state["best"][1] if held else state["step"],
-                                             "history": state["history"], "finished": True}, indent=1) + "\n")
-    (out / "checkpoint.pt").unlink(missing_ok=True)  # the model directory is the result
-    return DistillResult(out, state["step"], state["loss"], state["before"], after)
+    run = _Run(target, draft, config, out, {"key": key, "target": target.name, "draft": draft.name,
+                                           "data": data.summary(), "on_policy": on_policy, "config": asdict(config)},
+               held)
+    run.train(train, steps, minutes, progress)
+    return run.finish()
