@@ -29,6 +29,12 @@ M; :func:`verdict` applies the keeping rule (keep the kernel only if it is more 
 faster than the best library path in the run).
 
     python -m specviz.bench.int8_paths --out outputs/reference/int8-paths.csv
+
+torchao is not among specviz's requirements: once installed, importing transformers' and
+peft's integrations loads it, and it prints warnings on stderr (which the notebooks' checked
+outputs would catch). Install it beside this command alone, e.g. ``pip install --target
+/tmp/torchao torchao==0.18.0`` and ``PYTHONPATH=/tmp/torchao``; without it its rows say why
+they did not run.
 """
 
 from __future__ import annotations
