@@ -416,7 +416,7 @@ def load_results(path: str | os.PathLike) -> pd.DataFrame:
         df.insert(list(df.columns).index("draft_dtype") + 1, "draft_layers", "modules")
         missing.remove("draft_layers")
     for col in ("device_name", "bandwidth_gb_s", "bound_tokens_per_s"):
-        if col in missing and "load1" in df.columns:
+        if col in missing:
             df.insert(list(df.columns).index("output_ids") if "output_ids" in df.columns else len(df.columns), col,
                       "" if col == "device_name" else math.nan)
             missing.remove(col)

@@ -135,8 +135,7 @@ def _corpus(args, target):
     from specviz.heads.corpus import build_corpus
     from specviz.models.builtin import cache_dir
 
-    for name in ("new_tokens",):
-        _positive("--new-tokens", getattr(args, name))
+    _positive("--new-tokens", args.new_tokens)
     for name in ("prompts", "tasks", "written"):
         if getattr(args, name) is not None and getattr(args, name) < 0:
             raise _UsageError(f"--{name} must be >= 0, got {getattr(args, name)}")

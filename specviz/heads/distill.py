@@ -42,7 +42,6 @@ import io
 import json
 import math
 import os
-import re
 import sys
 import time
 import warnings
@@ -54,8 +53,10 @@ import torch
 
 from specviz.data.store import atomic_write_bytes, atomic_write_text
 from specviz.heads.corpus import Corpus
+from specviz.heads.training import validation_split
 from specviz.models.features import extract_features, load_features
 from specviz.models.loading import DISTILLED_META
+from specviz.models.saved_heads import name_slug
 from specviz.models.types import LoadedModel
 from specviz.validate import check_choice, check_int
 
@@ -211,7 +212,8 @@ def draft_written(draft: LoadedModel, corpus: Corpus, n: int, max_new_tokens: in
 
 
 def _slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name).name or name)[:48]
+    """A model's name (a directory: its last part) for a cache directory's name."""
+    return name_slug(Path(name).name or name)[:48]
 
 
 def _key(target: LoadedModel, draft: LoadedModel, data: Corpus, config: DistillConfig) -> dict:
@@ -220,9 +222,9 @@ def _key(target: LoadedModel, draft: LoadedModel, data: Corpus, config: DistillC
 
 
 def _split(examples: list[_Example], share: float, seed: int) -> tuple[list[_Example], list[_Example]]:
-    order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(seed)).tolist()
-    held = min(len(examples) - 1, math.ceil(share * len(examples))) if share > 0 else 0
-    return [examples[i] for i in order[held:]], [examples[i] for i in order[:held]]
+    """Training and held-out examples, held out as the heads' training holds out sequences."""
+    held = set(validation_split(len(examples), share, seed)) if examples else set()
+    return ([e for i, e in enumerate(examples) if i not in held], [e for i, e in enumerate(examples) if i in held])
 
 
 class _Run:
